@@ -1,0 +1,112 @@
+//! Error types. One umbrella [`Error`] that every public operation returns; its variants are
+//! the failure modes a caller can act on (retry a conflict, reopen after poisoning, repair
+//! corruption). Corruption is always a value here, never a panic.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where corrupt bytes were found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The file holding the bad bytes.
+    pub path: PathBuf,
+    /// Byte offset inside that file.
+    pub offset: u64,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at offset {}", self.path.display(), self.offset)
+    }
+}
+
+/// Every error KeelDB returns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error from the file system.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Bytes on disk failed a checksum or a structural check. The store was not changed.
+    #[error("corruption in {location}: {reason}")]
+    Corruption {
+        /// Where.
+        location: Location,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Another writer committed a conflicting change first (write-write, or under
+    /// `serializable` a write to something this transaction read). Retrying may succeed.
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
+    /// An earlier write or fsync failed; the database refuses writes until it is reopened.
+    #[error("database is poisoned by an earlier I/O failure ({0}); reopen it to recover")]
+    Poisoned(String),
+    /// Another handle (in this or another process) holds the directory.
+    #[error("{0} is locked by another open handle")]
+    Locked(PathBuf),
+    /// The path exists but is not a KeelDB store.
+    #[error("{path} is not a KeelDB store: {reason}")]
+    NotAStore {
+        /// The directory.
+        path: PathBuf,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The store was written by a newer (or unknown) format version.
+    #[error("{path} has format version {found}; this build supports version {supported}")]
+    UnsupportedVersion {
+        /// The directory.
+        path: PathBuf,
+        /// Version found on disk.
+        found: u32,
+        /// Version this build reads and writes.
+        supported: u32,
+    },
+    /// A key, value, table name or transaction exceeded a documented limit. Nothing was written.
+    #[error("limit exceeded: {what} is {actual} bytes, the limit is {limit}")]
+    LimitExceeded {
+        /// What was too large.
+        what: &'static str,
+        /// Its size.
+        actual: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An argument was not valid (for example an empty table name).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The database was closed.
+    #[error("database is closed")]
+    Closed,
+    /// The transaction was already committed or rolled back.
+    #[error("transaction is no longer active")]
+    TransactionDone,
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn corruption(path: impl Into<PathBuf>, offset: u64, reason: impl Into<String>) -> Self {
+        Error::Corruption {
+            location: Location { path: path.into(), offset },
+            reason: reason.into(),
+        }
+    }
+
+    /// True for errors that a retry of the same transaction may cure.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Conflict(_))
+    }
+}

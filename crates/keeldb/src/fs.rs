@@ -1,0 +1,204 @@
+//! The file-system seam: every byte KeelDB reads from or writes to disk passes through
+//! [`FileSystem`] and [`FileHandle`].
+//!
+//! This module owns the trait and the real implementation ([`StdFs`]). It must not know
+//! anything about the WAL or checkpoint formats. Tests swap in a simulated file system
+//! (see the `keel-testkit` crate) that loses unsynced writes, tears writes and flips bits,
+//! or a counting wrapper that proves group commit shares fdatasync calls.
+//!
+//! The contract the engine relies on, and which a simulated file system must model:
+//! - `write_at` may write fewer bytes than asked (the caller loops);
+//! - data written is durable only after `sync_data` on that file returns `Ok`;
+//! - a create, rename or remove is durable only after `sync_dir` on its parent returns `Ok`;
+//! - `rename` within one directory is atomic: after a crash the target names either the old
+//!   or the new file, never a mix.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// An open file. Positional I/O only: the engine tracks its own offsets, so one handle can
+/// be shared by the WAL writer and a background syncer without a seek race.
+pub trait FileHandle: Send + Sync + fmt::Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at end).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes up to `buf.len()` bytes at `offset`; may write fewer (a short write).
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize>;
+    /// Makes the file's data (and the size, when it changed) durable: `fdatasync(2)`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Truncates or extends the file to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+/// A held exclusive lock on a directory; released when dropped.
+pub trait DirLock: Send + Sync + fmt::Debug {}
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only; the file must exist.
+    Read,
+    /// Read and write; the file must exist.
+    ReadWrite,
+    /// Read and write; the file must not exist yet.
+    CreateNew,
+}
+
+/// The file-system operations the engine uses. Implementations must be thread-safe.
+pub trait FileSystem: Send + Sync + fmt::Debug {
+    /// Opens a file.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>>;
+    /// Creates a directory and its parents (no error if it exists).
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Names of the entries of a directory (files only need be listed), unsorted.
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
+    /// Whether a path exists.
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+    /// Atomically renames `from` to `to` (same directory).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes creates, renames and removes inside `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive, non-blocking lock tied to `path` (a lock file).
+    /// Returns `ErrorKind::WouldBlock` when another holder has it.
+    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn DirLock>>;
+}
+
+/// Writes all of `buf` at `offset`, looping over short writes.
+pub fn write_all_at(file: &dyn FileHandle, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = file.write_at(buf, offset)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0 bytes"));
+        }
+        buf = buf.get(n..).unwrap_or_default();
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
+pub fn read_exact_at(file: &dyn FileHandle, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = file.read_at(buf, offset)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file ended early"));
+        }
+        buf = std::mem::take(&mut buf).get_mut(n..).unwrap_or_default();
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads a whole file into memory.
+pub fn read_all(file: &dyn FileHandle) -> io::Result<Vec<u8>> {
+    let len = file.len()?;
+    let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
+    let mut buf = vec![0u8; len];
+    read_exact_at(file, &mut buf, 0)?;
+    Ok(buf)
+}
+
+/// The real file system (std + `flock`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdFs;
+
+#[derive(Debug)]
+struct StdFile {
+    file: std::fs::File,
+}
+
+impl FileHandle for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(&self.file, buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::write_at(&self.file, buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+}
+
+#[derive(Debug)]
+struct StdLock {
+    _file: std::fs::File,
+    _path: PathBuf,
+}
+impl DirLock for StdLock {}
+
+impl FileSystem for StdFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>> {
+        let mut opts = std::fs::OpenOptions::new();
+        match mode {
+            OpenMode::Read => opts.read(true),
+            OpenMode::ReadWrite => opts.read(true).write(true),
+            OpenMode::CreateNew => opts.read(true).write(true).create_new(true),
+        };
+        Ok(Arc::new(StdFile { file: opts.open(path)? }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        sys::flock_exclusive_nonblocking(&file)?;
+        Ok(Box::new(StdLock { _file: file, _path: path.to_owned() }))
+    }
+}
+
+#[allow(unsafe_code)]
+mod sys {
+    use std::io;
+    use std::os::unix::io::AsRawFd;
+
+    /// `flock(LOCK_EX | LOCK_NB)`. The lock belongs to the open file description, so a second
+    /// `open` of the same store, even inside this process, is refused.
+    pub(super) fn flock_exclusive_nonblocking(file: &std::fs::File) -> io::Result<()> {
+        // SAFETY: `flock` takes a file descriptor and flags and touches no memory of ours; the
+        // descriptor is valid because `file` is borrowed for the duration of the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}

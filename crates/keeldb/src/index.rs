@@ -1,0 +1,479 @@
+//! The in-memory MVCC index: tables of version chains.
+//!
+//! Each table keeps a hash map from key to version chain (point reads cost one hash lookup,
+//! whatever the table size) and an ordered set of the same keys (range scans). A chain is
+//! newest-first, so a reader at the latest snapshot stops at the head: read cost does not grow
+//! with chain depth. Versions no live snapshot can see are pruned when a key is written and by
+//! the background collector.
+//!
+//! The index never does I/O and never decides visibility on its own: callers pass the snapshot
+//! timestamp, and only the group-commit leader (or recovery) applies writes.
+
+use std::borrow::Borrow;
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::digest::StateDigest;
+
+const INLINE: usize = 22;
+
+/// A key, stored inline when short (no heap allocation for keys up to 22 bytes).
+#[derive(Clone)]
+pub(crate) enum Key {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    pub fn new(k: &[u8]) -> Key {
+        if k.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            if let Some(dst) = bytes.get_mut(..k.len()) {
+                dst.copy_from_slice(k);
+            }
+            Key::Inline { len: k.len() as u8, bytes }
+        } else {
+            Key::Heap(k.into())
+        }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => bytes.get(..*len as usize).unwrap_or_default(),
+            Key::Heap(b) => b,
+        }
+    }
+}
+
+impl Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_slice().cmp(other.as_slice())
+    }
+}
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_slice())
+    }
+}
+
+/// One version of a key. `value == None` is a tombstone (deleted at `ts`).
+#[derive(Debug)]
+pub(crate) struct Version {
+    pub ts: u64,
+    pub value: Option<Box<[u8]>>,
+    pub older: Option<Box<Version>>,
+}
+
+impl Version {
+    /// The version visible at `snapshot`: the newest with `ts <= snapshot`.
+    pub fn visible(&self, snapshot: u64) -> Option<&Version> {
+        let mut v = self;
+        loop {
+            if v.ts <= snapshot {
+                return Some(v);
+            }
+            v = v.older.as_deref()?;
+        }
+    }
+
+    /// Drops every version older than the one visible at `horizon`. Returns freed bytes.
+    pub fn prune(&mut self, horizon: u64) -> usize {
+        let mut v = self;
+        loop {
+            if v.ts <= horizon {
+                let mut freed = 0;
+                let mut rest = v.older.take();
+                while let Some(mut old) = rest {
+                    freed += old.value.as_ref().map_or(0, |b| b.len());
+                    rest = old.older.take();
+                }
+                return freed;
+            }
+            match v.older.as_deref_mut() {
+                Some(next) => v = next,
+                None => return 0,
+            }
+        }
+    }
+
+    pub fn depth(&self) -> usize {
+        let mut n = 1;
+        let mut v = self;
+        while let Some(next) = v.older.as_deref() {
+            n += 1;
+            v = next;
+        }
+        n
+    }
+}
+
+/// The hash map used throughout the engine (foldhash: fast, randomly seeded per map).
+pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+
+type Map = FastMap<Key, Version>;
+
+/// The keys and versions of one table.
+#[derive(Debug, Default)]
+pub(crate) struct TableData {
+    map: Map,
+    order: BTreeSet<Key>,
+    /// Keys whose head is a tombstone or that have older versions: the collector's work list.
+    gc_candidates: Vec<Key>,
+    /// Live (non-tombstone head) keys and their key+value bytes, at the newest applied version.
+    live_keys: u64,
+    live_bytes: u64,
+}
+
+/// A range for scans, already validated (start <= end).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyRange {
+    pub start: Bound<Vec<u8>>,
+    pub end: Bound<Vec<u8>>,
+}
+
+impl KeyRange {
+    /// True when no key can fall inside (which `BTreeSet::range` would panic on).
+    pub fn is_empty(&self) -> bool {
+        match (&self.start, &self.end) {
+            (Bound::Included(s), Bound::Included(e)) => s > e,
+            (Bound::Included(s), Bound::Excluded(e))
+            | (Bound::Excluded(s), Bound::Included(e))
+            | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
+            _ => false,
+        }
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let after_start = match &self.start {
+            Bound::Included(s) => key >= s.as_slice(),
+            Bound::Excluded(s) => key > s.as_slice(),
+            Bound::Unbounded => true,
+        };
+        let before_end = match &self.end {
+            Bound::Included(e) => key <= e.as_slice(),
+            Bound::Excluded(e) => key < e.as_slice(),
+            Bound::Unbounded => true,
+        };
+        after_start && before_end
+    }
+
+    fn as_refs(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
+        (as_ref(&self.start), as_ref(&self.end))
+    }
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(v) => Bound::Included(v.as_slice()),
+        Bound::Excluded(v) => Bound::Excluded(v.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl TableData {
+    pub fn get(&self, key: &[u8], snapshot: u64) -> Option<Vec<u8>> {
+        let head = self.map.get(key)?;
+        head.visible(snapshot)?.value.as_deref().map(<[u8]>::to_vec)
+    }
+
+    /// Newest commit timestamp that wrote `key`, visible or not.
+    #[cfg(test)]
+    pub fn head_ts(&self, key: &[u8]) -> Option<u64> {
+        self.map.get(key).map(|v| v.ts)
+    }
+
+    /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
+    /// Returns the entries and whether the range may hold more.
+    pub fn scan_chunk(&self, range: &KeyRange, reverse: bool, snapshot: u64, limit: usize) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+        let mut out = Vec::new();
+        if range.is_empty() {
+            return (out, false);
+        }
+        let mut iter = self.order.range::<[u8], _>(range.as_refs());
+        loop {
+            let next = if reverse { iter.next_back() } else { iter.next() };
+            let Some(key) = next else { return (out, false) };
+            if out.len() >= limit {
+                return (out, true);
+            }
+            if let Some(value) = self.map.get(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref()) {
+                out.push((key.as_slice().to_vec(), value.to_vec()));
+            }
+        }
+    }
+
+    /// Applies one write at `ts` (which must exceed every earlier write's), pruning versions no
+    /// snapshot at or after `horizon` can see. Keeps the digest in step.
+    pub fn apply(&mut self, table: &str, key: &[u8], value: Option<&[u8]>, ts: u64, horizon: u64, digest: &mut StateDigest) {
+        match self.map.get_mut(key) {
+            Some(head) => {
+                debug_assert!(head.ts < ts, "versions applied out of order");
+                if let Some(old) = head.value.as_deref() {
+                    digest.remove(table, key, old);
+                    self.live_keys -= 1;
+                    self.live_bytes -= (key.len() + old.len()) as u64;
+                }
+                let new_value: Option<Box<[u8]>> = value.map(Into::into);
+                let previous = std::mem::replace(head, Version { ts, value: new_value, older: None });
+                if previous.value.is_none() && previous.ts <= horizon {
+                    // A deleted key collected as far as anyone can see: no need to keep it.
+                } else {
+                    head.older = Some(Box::new(previous));
+                    head.prune(horizon);
+                }
+                if head.older.is_some() || head.value.is_none() {
+                    self.gc_candidates.push(Key::new(key));
+                }
+            }
+            None => {
+                if value.is_none() {
+                    return; // Deleting an absent key changes nothing.
+                }
+                let k = Key::new(key);
+                self.order.insert(k.clone());
+                self.map.insert(k, Version { ts, value: value.map(Into::into), older: None });
+            }
+        }
+        if let Some(v) = value {
+            digest.add(table, key, v);
+            self.live_keys += 1;
+            self.live_bytes += (key.len() + v.len()) as u64;
+        }
+    }
+
+    /// Prunes the collector's candidates against `horizon`; removes keys whose only visible
+    /// state is a tombstone nobody can see past. Returns how many candidates were processed.
+    pub fn collect(&mut self, horizon: u64, budget: usize) -> usize {
+        let take = self.gc_candidates.len().min(budget);
+        let batch: Vec<Key> = self.gc_candidates.drain(..take).collect();
+        let mut keep = Vec::new();
+        for key in batch {
+            let remove = match self.map.get_mut(key.as_slice()) {
+                None => false,
+                Some(head) => {
+                    head.prune(horizon);
+                    if head.value.is_none() && head.older.is_none() && head.ts <= horizon {
+                        true
+                    } else {
+                        if head.older.is_some() || head.value.is_none() {
+                            keep.push(key.clone());
+                        }
+                        false
+                    }
+                }
+            };
+            if remove {
+                self.map.remove(key.as_slice());
+                self.order.remove(key.as_slice());
+            }
+        }
+        // Chains still too young to prune go back on the list, deduplicated lazily.
+        if !keep.is_empty() && self.gc_candidates.len() < self.map.len() {
+            self.gc_candidates.extend(keep);
+        }
+        take
+    }
+
+    pub fn pending_gc(&self) -> usize {
+        self.gc_candidates.len()
+    }
+
+    pub fn live_keys(&self) -> u64 {
+        self.live_keys
+    }
+
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Every live entry at the newest version (used to update the digest when dropping).
+    pub fn for_each_live(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        for (k, v) in &self.map {
+            if let Some(value) = v.value.as_deref() {
+                f(k.as_slice(), value);
+            }
+        }
+    }
+
+    /// Depth of the chain for `key` (tests and benchmarks).
+    pub fn chain_depth(&self, key: &[u8]) -> usize {
+        self.map.get(key).map_or(0, Version::depth)
+    }
+}
+
+/// A table: an id, a name and its data, with the commit timestamps that created and dropped it.
+#[derive(Debug)]
+pub(crate) struct Table {
+    pub id: u32,
+    pub name: Arc<str>,
+    pub created_ts: u64,
+    pub dropped_ts: AtomicU64,
+    pub data: RwLock<TableData>,
+}
+
+impl Table {
+    pub fn new(id: u32, name: Arc<str>, created_ts: u64) -> Table {
+        Table { id, name, created_ts, dropped_ts: AtomicU64::new(u64::MAX), data: RwLock::new(TableData::default()) }
+    }
+    pub fn visible_at(&self, snapshot: u64) -> bool {
+        self.created_ts <= snapshot && snapshot < self.dropped_ts.load(Ordering::Acquire)
+    }
+}
+
+/// The table catalog as applied to the index. Dropped tables stay until no snapshot can see
+/// them, so old snapshots keep reading a dropped table's data.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    by_id: FastMap<u32, Arc<Table>>,
+    by_name: FastMap<Arc<str>, Vec<u32>>,
+}
+
+impl Catalog {
+    pub fn table_at(&self, name: &str, snapshot: u64) -> Option<&Arc<Table>> {
+        let ids = self.by_name.get(name)?;
+        ids.iter().rev().filter_map(|id| self.by_id.get(id)).find(|t| t.visible_at(snapshot))
+    }
+
+    pub fn by_id(&self, id: u32) -> Option<&Arc<Table>> {
+        self.by_id.get(&id)
+    }
+
+    pub fn insert(&mut self, table: Arc<Table>) {
+        self.by_name.entry(Arc::clone(&table.name)).or_default().push(table.id);
+        self.by_id.insert(table.id, table);
+    }
+
+    /// Names of the tables visible at `snapshot`, sorted.
+    pub fn names_at(&self, snapshot: u64) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.by_id.values().filter(|t| t.visible_at(snapshot)).map(|t| t.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// Tables live at the newest version.
+    pub fn live(&self) -> Vec<Arc<Table>> {
+        let mut tables: Vec<Arc<Table>> =
+            self.by_id.values().filter(|t| t.dropped_ts.load(Ordering::Acquire) == u64::MAX).cloned().collect();
+        tables.sort_by_key(|t| t.id);
+        tables
+    }
+
+    pub fn all(&self) -> Vec<Arc<Table>> {
+        self.by_id.values().cloned().collect()
+    }
+
+    /// Forgets dropped tables no snapshot at or after `horizon` can see.
+    pub fn collect(&mut self, horizon: u64) {
+        let gone: Vec<u32> = self
+            .by_id
+            .values()
+            .filter(|t| t.dropped_ts.load(Ordering::Acquire) <= horizon)
+            .map(|t| t.id)
+            .collect();
+        for id in gone {
+            if let Some(t) = self.by_id.remove(&id) {
+                if let Some(ids) = self.by_name.get_mut(&t.name) {
+                    ids.retain(|x| *x != id);
+                    if ids.is_empty() {
+                        self.by_name.remove(&t.name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(t: &mut TableData, key: &[u8], value: Option<&[u8]>, ts: u64, horizon: u64) {
+        let mut d = StateDigest::default();
+        t.apply("t", key, value, ts, horizon, &mut d);
+    }
+
+    #[test]
+    fn snapshots_see_their_version() {
+        let mut t = TableData::default();
+        apply(&mut t, b"k", Some(b"v1"), 1, 0);
+        apply(&mut t, b"k", Some(b"v2"), 2, 0);
+        apply(&mut t, b"k", None, 3, 0);
+        assert_eq!(t.get(b"k", 0), None);
+        assert_eq!(t.get(b"k", 1).as_deref(), Some(&b"v1"[..]));
+        assert_eq!(t.get(b"k", 2).as_deref(), Some(&b"v2"[..]));
+        assert_eq!(t.get(b"k", 3), None);
+        assert_eq!(t.head_ts(b"k"), Some(3));
+    }
+
+    #[test]
+    fn writes_prune_versions_below_the_horizon() {
+        let mut t = TableData::default();
+        for ts in 1..=50 {
+            apply(&mut t, b"k", Some(&[ts as u8]), ts, 0);
+        }
+        assert_eq!(t.chain_depth(b"k"), 50);
+        apply(&mut t, b"k", Some(b"x"), 51, 51);
+        assert_eq!(t.chain_depth(b"k"), 1);
+    }
+
+    #[test]
+    fn collector_removes_invisible_tombstones() {
+        let mut t = TableData::default();
+        apply(&mut t, b"k", Some(b"v"), 1, 0);
+        apply(&mut t, b"k", None, 2, 1);
+        assert_eq!(t.get(b"k", 1).as_deref(), Some(&b"v"[..]));
+        t.collect(1, 100);
+        assert_eq!(t.get(b"k", 1).as_deref(), Some(&b"v"[..]), "snapshot 1 still sees the value");
+        t.collect(2, 100);
+        assert_eq!(t.chain_depth(b"k"), 0);
+        let (entries, _) = t.scan_chunk(&KeyRange { start: Bound::Unbounded, end: Bound::Unbounded }, false, 5, 10);
+        assert!(entries.is_empty());
+    }
+
+    #[test]
+    fn inverted_ranges_are_empty_not_a_panic() {
+        let mut t = TableData::default();
+        apply(&mut t, b"a", Some(b"1"), 1, 0);
+        let r = KeyRange { start: Bound::Excluded(b"b".to_vec()), end: Bound::Excluded(b"b".to_vec()) };
+        assert!(r.is_empty());
+        assert!(t.scan_chunk(&r, false, 1, 10).0.is_empty());
+        let r = KeyRange { start: Bound::Included(b"z".to_vec()), end: Bound::Excluded(b"a".to_vec()) };
+        assert!(t.scan_chunk(&r, true, 1, 10).0.is_empty());
+    }
+
+    #[test]
+    fn inline_and_heap_keys_compare_as_bytes() {
+        let short = Key::new(b"abc");
+        let long = Key::new(&[b'a'; 40]);
+        assert!(matches!(short, Key::Inline { .. }));
+        assert!(matches!(long, Key::Heap(_)));
+        assert!(short > long);
+        assert_eq!(std::mem::size_of::<Key>(), 24);
+    }
+}

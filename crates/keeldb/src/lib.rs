@@ -1,0 +1,51 @@
+//! KeelDB: an embedded, memory-resident, durable transactional key-value store.
+//!
+//! The whole data set lives in memory (an MVCC index); a write-ahead log with group commit and
+//! periodic checkpoints makes it durable. See `docs/ARCHITECTURE.md` for the map and
+//! `docs/GUARANTEES.md` for what each durability mode promises.
+//!
+//! ```no_run
+//! use keeldb::{Database, Options, ScanRange};
+//! let db = Database::open("/tmp/example-store", Options::default())?;
+//! let mut tx = db.begin_write()?;
+//! tx.put("users", b"alice", b"{\"age\": 30}")?;
+//! let info = tx.commit()?;
+//! let rx = db.begin_read()?;
+//! assert_eq!(rx.get("users", b"alice")?.as_deref(), Some(&b"{\"age\": 30}"[..]));
+//! for item in rx.scan("users", ScanRange::all())? {
+//!     let (key, value) = item?;
+//!     println!("{key:?} = {value:?} (committed at or before ts {})", info.ts);
+//! }
+//! db.close()?;
+//! # Ok::<(), keeldb::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod checkpoint;
+mod codec;
+mod db;
+mod digest;
+mod error;
+pub mod fs;
+mod group_commit;
+mod index;
+mod options;
+mod recovery;
+mod registry;
+mod txn;
+mod verify;
+mod wal;
+
+pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions};
+pub use digest::StateDigest;
+pub use error::{Error, Location, Result};
+pub use options::{
+    Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES,
+};
+pub use recovery::RecoveryReport;
+pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, WriteTxn};
+pub use verify::{verify, VerifyReport};
+
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;

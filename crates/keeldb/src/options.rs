@@ -1,0 +1,115 @@
+//! Configuration: durability modes, isolation levels and database options, with the limits
+//! that bound user input. Nothing here does I/O.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fs::{FileSystem, StdFs};
+
+/// Largest key, in bytes.
+pub const MAX_KEY_BYTES: usize = 64 * 1024;
+/// Largest value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest table name, in bytes of UTF-8.
+pub const MAX_TABLE_NAME_BYTES: usize = 255;
+
+/// When `commit()` returns, and what a crash can take away. See `docs/GUARANTEES.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Returns once the commit's WAL record is on stable storage (fdatasync, shared by
+    /// concurrent commits). Survives process crash and power loss.
+    Sync,
+    /// Returns once the record is written to the OS; a background fdatasync runs at least every
+    /// `interval`. Survives process crash; power loss loses at most `interval` of commits.
+    Periodic(Duration),
+    /// Returns once the record is written to the OS; fdatasync only at checkpoint and close.
+    /// Survives process crash; after power loss nothing beyond the last checkpoint is promised.
+    Relaxed,
+}
+
+impl Durability {
+    /// Whether this mode requires an fdatasync before acknowledging.
+    pub fn needs_sync(self) -> bool {
+        matches!(self, Durability::Sync)
+    }
+
+    /// Parses `sync`, `relaxed`, `periodic` (100 ms) or `periodic:<ms>`.
+    pub fn parse(text: &str) -> Option<Durability> {
+        match text {
+            "sync" => Some(Durability::Sync),
+            "relaxed" => Some(Durability::Relaxed),
+            "periodic" => Some(Durability::Periodic(Duration::from_millis(100))),
+            other => {
+                let ms = other.strip_prefix("periodic:")?.parse::<u64>().ok()?;
+                (ms > 0).then(|| Durability::Periodic(Duration::from_millis(ms)))
+            }
+        }
+    }
+
+    /// Short name used in reports: `sync`, `periodic`, `relaxed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Sync => "sync",
+            Durability::Periodic(_) => "periodic",
+            Durability::Relaxed => "relaxed",
+        }
+    }
+}
+
+/// Isolation level of write transactions. Read transactions always read one snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Snapshot isolation: a commit fails only when another transaction committed a write to one
+    /// of the same keys after this one began (first committer wins). Write skew is possible.
+    #[default]
+    Snapshot,
+    /// Serializable: additionally fails when any key or range this transaction read was written
+    /// by a transaction that committed after this one began.
+    Serializable,
+}
+
+/// Options for [`crate::Database::open`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Default durability for write transactions.
+    pub durability: Durability,
+    /// Default isolation for write transactions.
+    pub isolation: Isolation,
+    /// A WAL segment is sealed and a new one started past this size.
+    pub wal_segment_bytes: u64,
+    /// A background checkpoint starts once this many WAL bytes were written since the last one.
+    /// `0` disables automatic checkpoints.
+    pub checkpoint_wal_bytes: u64,
+    /// Optional wait before a group-commit leader writes, to gather more commits. Off (zero) by
+    /// default: an idle database never delays a commit.
+    pub commit_delay: Duration,
+    /// Largest total size of one transaction's writes, in bytes.
+    pub max_txn_bytes: usize,
+    /// The file system. Tests swap in a simulated one.
+    pub fs: Arc<dyn FileSystem>,
+    /// Whether to start background threads (periodic fsync, checkpoints, version GC).
+    /// Turning this off is for deterministic tests; periodic durability then syncs inline.
+    pub background_threads: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Sync,
+            isolation: Isolation::Snapshot,
+            wal_segment_bytes: 64 * 1024 * 1024,
+            checkpoint_wal_bytes: 256 * 1024 * 1024,
+            commit_delay: Duration::ZERO,
+            max_txn_bytes: 1 << 30,
+            fs: Arc::new(StdFs),
+            background_threads: true,
+        }
+    }
+}
+
+impl Options {
+    /// Options with the given durability and defaults otherwise.
+    pub fn with_durability(durability: Durability) -> Self {
+        Options { durability, ..Options::default() }
+    }
+}

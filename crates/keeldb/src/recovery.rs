@@ -1,0 +1,437 @@
+//! Recovery: from the files in a store directory to an in-memory state and a WAL writer.
+//!
+//! [`analyze`] is read-only: it loads the newest checkpoint that verifies (falling back to
+//! older ones), scans and replays the WAL after it, and classifies any bad frame as a torn
+//! tail (after every durable claim: legitimately unsynced, to be truncated) or corruption
+//! (a typed error naming file and offset). [`recover`] runs it and then makes the changes:
+//! truncates the torn tail, sets aside corrupt checkpoints, starts a fresh segment and appends
+//! the report to the recovery log. `keel verify` uses [`analyze`] without the changes.
+//! The case-by-case argument is in `docs/design/recovery.md`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::{parse_checkpoint_name, read_checkpoint, CheckpointSink};
+use crate::digest::StateDigest;
+use crate::error::{Error, Result};
+use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
+use crate::index::{Catalog, Table};
+use crate::wal::{self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter};
+
+/// Name of the append-only audit trail of recoveries.
+pub(crate) const RECOVERY_LOG: &str = "recovery.log";
+
+/// What recovery found and did when a store was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The checkpoint loaded, if any (path and commit timestamp).
+    pub checkpoint: Option<(PathBuf, u64)>,
+    /// Checkpoints that failed verification and were skipped (path and reason).
+    pub corrupt_checkpoints: Vec<(PathBuf, String)>,
+    /// WAL segments read.
+    pub segments_scanned: u64,
+    /// Commit frames replayed on top of the checkpoint.
+    pub frames_replayed: u64,
+    /// Payload bytes replayed.
+    pub bytes_replayed: u64,
+    /// Bytes cut from a torn WAL tail (0 when the log ended cleanly).
+    pub bytes_truncated: u64,
+    /// Where the torn tail began, if there was one (file and offset).
+    pub torn_tail: Option<(PathBuf, u64)>,
+    /// Checksummed frames found after the tear; never acknowledged as durable, so discarded.
+    pub discarded_frames: u64,
+    /// Whether the log ended with a clean-close mark.
+    pub clean_shutdown: bool,
+    /// The last commit timestamp recovered.
+    pub last_ts: u64,
+    /// How long recovery took.
+    pub duration: Duration,
+}
+
+impl std::fmt::Display for RecoveryReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.checkpoint {
+            Some((path, ts)) => writeln!(f, "checkpoint:        {} (ts {ts})", path.display())?,
+            None => writeln!(f, "checkpoint:        none")?,
+        }
+        for (path, why) in &self.corrupt_checkpoints {
+            writeln!(f, "skipped checkpoint: {} ({why})", path.display())?;
+        }
+        writeln!(f, "segments scanned:  {}", self.segments_scanned)?;
+        writeln!(f, "frames replayed:   {} ({} bytes)", self.frames_replayed, self.bytes_replayed)?;
+        match &self.torn_tail {
+            Some((path, off)) => writeln!(
+                f,
+                "torn tail:         {} at offset {off}: {} bytes truncated, {} unsynced frames discarded",
+                path.display(),
+                self.bytes_truncated,
+                self.discarded_frames
+            )?,
+            None => writeln!(f, "torn tail:         none")?,
+        }
+        writeln!(f, "clean shutdown:    {}", if self.clean_shutdown { "yes" } else { "no" })?;
+        writeln!(f, "last commit ts:    {}", self.last_ts)?;
+        write!(f, "duration:          {:.3} ms", self.duration.as_secs_f64() * 1e3)
+    }
+}
+
+impl RecoveryReport {
+    /// One JSON line for the recovery log.
+    pub(crate) fn to_json_line(&self, unix_ms: u128) -> String {
+        fn esc(s: &str) -> String {
+            s.chars()
+                .flat_map(|c| match c {
+                    '"' => "\\\"".chars().collect::<Vec<_>>(),
+                    '\\' => "\\\\".chars().collect(),
+                    c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
+                    c => vec![c],
+                })
+                .collect()
+        }
+        let ckpt = self.checkpoint.as_ref().map_or("null".to_owned(), |(p, ts)| {
+            format!("{{\"path\":\"{}\",\"ts\":{ts}}}", esc(&p.display().to_string()))
+        });
+        let torn = self.torn_tail.as_ref().map_or("null".to_owned(), |(p, off)| {
+            format!("{{\"path\":\"{}\",\"offset\":{off}}}", esc(&p.display().to_string()))
+        });
+        let corrupt: Vec<String> = self
+            .corrupt_checkpoints
+            .iter()
+            .map(|(p, why)| format!("{{\"path\":\"{}\",\"reason\":\"{}\"}}", esc(&p.display().to_string()), esc(why)))
+            .collect();
+        format!(
+            "{{\"unix_ms\":{unix_ms},\"checkpoint\":{ckpt},\"corrupt_checkpoints\":[{}],\"segments_scanned\":{},\"frames_replayed\":{},\"bytes_replayed\":{},\"bytes_truncated\":{},\"torn_tail\":{torn},\"discarded_frames\":{},\"clean_shutdown\":{},\"last_ts\":{},\"duration_us\":{}}}\n",
+            corrupt.join(","),
+            self.segments_scanned,
+            self.frames_replayed,
+            self.bytes_replayed,
+            self.bytes_truncated,
+            self.discarded_frames,
+            self.clean_shutdown,
+            self.last_ts,
+            self.duration.as_micros()
+        )
+    }
+}
+
+/// Builds an index from checkpoint records and WAL operations.
+#[derive(Debug, Default)]
+pub(crate) struct StateBuilder {
+    pub catalog: Catalog,
+    pub live: crate::index::FastMap<Arc<str>, u32>,
+    pub next_table_id: u32,
+    pub digest: StateDigest,
+}
+
+impl CheckpointSink for StateBuilder {
+    fn table(&mut self, id: u32, name: &str) {
+        let name: Arc<str> = Arc::from(name);
+        self.catalog.insert(Arc::new(Table::new(id, Arc::clone(&name), 0)));
+        self.live.insert(name, id);
+        self.next_table_id = self.next_table_id.max(id + 1);
+    }
+    fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) {
+        if let Some(t) = self.catalog.by_id(table_id) {
+            t.data.write().apply(&t.name, key, Some(value), 0, 0, &mut self.digest);
+        }
+    }
+}
+
+impl StateBuilder {
+    /// Applies one logged operation at `ts`. Errors describe a structurally impossible log.
+    pub fn apply(&mut self, op: &Op<'_>, ts: u64) -> std::result::Result<(), &'static str> {
+        match *op {
+            Op::CreateTable { table, name } => {
+                if self.live.contains_key(name) || self.catalog.by_id(table).is_some() {
+                    return Err("creates a table that already exists");
+                }
+                let name: Arc<str> = Arc::from(name);
+                self.catalog.insert(Arc::new(Table::new(table, Arc::clone(&name), ts)));
+                self.live.insert(name, table);
+                self.next_table_id = self.next_table_id.max(table + 1);
+            }
+            Op::DropTable { table } => {
+                let t = self.catalog.by_id(table).ok_or("drops an unknown table")?;
+                let mut digest = self.digest;
+                t.data.read().for_each_live(|k, v| digest.remove(&t.name, k, v));
+                self.digest = digest;
+                self.live.remove(&t.name);
+                t.dropped_ts.store(ts, std::sync::atomic::Ordering::Release);
+                self.catalog.collect(ts);
+            }
+            Op::Put { table, key, value } => {
+                let t = self.catalog.by_id(table).ok_or("writes to an unknown table")?;
+                t.data.write().apply(&t.name, key, Some(value), ts, ts, &mut self.digest);
+            }
+            Op::Delete { table, key } => {
+                let t = self.catalog.by_id(table).ok_or("deletes from an unknown table")?;
+                t.data.write().apply(&t.name, key, None, ts, ts, &mut self.digest);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The torn tail that [`recover`] cuts off.
+#[derive(Debug, Clone)]
+pub(crate) struct Tear {
+    pub path: PathBuf,
+    pub valid_end: u64,
+    /// The segment's header itself was torn (a crash while it was being created).
+    pub whole_segment: bool,
+}
+
+/// The read-only result of analysing a store.
+#[derive(Debug)]
+pub(crate) struct Analysis {
+    pub state: StateBuilder,
+    pub last_ts: u64,
+    pub segments: Vec<SegmentInfo>,
+    pub end_lsn: u64,
+    pub tear: Option<Tear>,
+    pub checkpoints: Vec<(u64, PathBuf)>,
+    pub corrupt_checkpoints: Vec<PathBuf>,
+    pub mark_digest: Option<u128>,
+    pub report: RecoveryReport,
+}
+
+fn list_sorted<T: Ord + Copy>(names: &[String], parse: impl Fn(&str) -> Option<T>) -> Vec<(T, String)> {
+    let mut out: Vec<(T, String)> = names.iter().filter_map(|n| parse(n).map(|v| (v, n.clone()))).collect();
+    out.sort_by_key(|(v, _)| *v);
+    out
+}
+
+/// Loads the newest checkpoint that verifies. Returns it (or an empty state) and the skipped ones.
+fn load_checkpoint(fs: &dyn FileSystem, dir: &Path, names: &[String], report: &mut RecoveryReport) -> Result<(StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+    let mut valid = Vec::new();
+    let mut corrupt = Vec::new();
+    let mut chosen: Option<(StateBuilder, u64)> = None;
+    for (ts, name) in list_sorted(names, parse_checkpoint_name).into_iter().rev() {
+        let path = dir.join(&name);
+        let bytes = fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
+        if chosen.is_some() {
+            // Older checkpoints are kept as fallbacks; check them cheaply (full verify does more).
+            valid.push((ts, path));
+            continue;
+        }
+        let mut state = StateBuilder::default();
+        match read_checkpoint(&bytes, &mut state) {
+            Ok(summary) if summary.ts == ts => {
+                state.next_table_id = state.next_table_id.max(summary.next_table_id);
+                report.checkpoint = Some((path.clone(), ts));
+                valid.push((ts, path));
+                chosen = Some((state, ts));
+            }
+            Ok(_) => {
+                report.corrupt_checkpoints.push((path.clone(), "timestamp differs from file name".into()));
+                corrupt.push(path);
+            }
+            Err((offset, reason)) => {
+                report.corrupt_checkpoints.push((path.clone(), format!("{reason} at offset {offset}")));
+                corrupt.push(path);
+            }
+        }
+    }
+    valid.sort_by_key(|(ts, _)| *ts);
+    let (state, ts) = chosen.unwrap_or_default();
+    Ok((state, ts, valid, corrupt))
+}
+
+/// Reads a store directory into memory without changing any file.
+pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
+    let started = Instant::now();
+    let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut report = RecoveryReport::default();
+    let (mut state, ckpt_ts, checkpoints, corrupt_checkpoints) = load_checkpoint(fs, dir, &names, &mut report)?;
+
+    let segment_names = list_sorted(&names, parse_segment_name);
+    let mut segments: Vec<SegmentInfo> = Vec::new();
+    let mut last_ts = ckpt_ts;
+    let mut expected_ts: Option<u64> = None; // next commit ts the log must carry
+    let mut end_lsn = 0u64;
+    let mut max_claim = 0u64;
+    let mut tear = None;
+    let mut mark_digest = None;
+    let count = segment_names.len();
+
+    for (i, (seq, name)) in segment_names.into_iter().enumerate() {
+        let path = dir.join(&name);
+        let is_last = i + 1 == count;
+        let bytes = fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
+        report.segments_scanned += 1;
+        let header = match decode_segment_header(&bytes) {
+            Ok(h) => h,
+            Err(reason) => {
+                // A crash while creating the newest segment can tear its header; no frame is
+                // written to a segment before its header is durable, so it must hold none.
+                let no_frames = i > 0 && scan_segment(&bytes, end_lsn).frames.is_empty();
+                if is_last && (bytes.len() as u64 <= wal::SEGMENT_HEADER_BYTES || no_frames) {
+                    report.torn_tail = Some((path.clone(), 0));
+                    report.bytes_truncated = bytes.len() as u64;
+                    tear = Some(Tear { path, valid_end: 0, whole_segment: true });
+                    break;
+                }
+                return Err(Error::corruption(&path, 0, reason));
+            }
+        };
+        if header.version != crate::FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion { path, found: header.version, supported: crate::FORMAT_VERSION });
+        }
+        if header.seq != seq {
+            return Err(Error::corruption(&path, 16, "segment sequence number differs from its file name"));
+        }
+        if let Some(prev) = segments.last() {
+            if seq != prev.seq + 1 {
+                return Err(Error::corruption(&path, 0, format!("WAL segment {} is missing", prev.seq + 1)));
+            }
+            if header.start_lsn != prev.end_lsn {
+                return Err(Error::corruption(&path, 24, "segment does not continue where the previous one ended"));
+            }
+            // Segments are sealed with an fdatasync before the next is created.
+            max_claim = max_claim.max(header.start_lsn);
+        }
+        let expect = *expected_ts.get_or_insert(header.first_ts);
+        if header.first_ts != expect {
+            return Err(Error::corruption(&path, 32, format!("segment starts at ts {} but ts {expect} was expected", header.first_ts)));
+        }
+        if i == 0 && header.first_ts > ckpt_ts + 1 {
+            return Err(Error::corruption(
+                &path,
+                32,
+                format!("the WAL needed after checkpoint ts {ckpt_ts} is gone (oldest segment starts at ts {})", header.first_ts),
+            ));
+        }
+
+        let scan = scan_segment(&bytes, header.start_lsn);
+        let mut seg_last_ts = header.first_ts.saturating_sub(1);
+        for frame in &scan.frames {
+            max_claim = max_claim.max(frame.header.durable_lsn);
+            let rec = decode_payload(frame.payload).map_err(|e| Error::corruption(&path, frame.offset, format!("checksummed frame does not decode: {e}")))?;
+            let ts = frame.header.ts;
+            let next = expected_ts.unwrap_or(1);
+            if rec.kind == wal::KIND_MARK {
+                if ts + 1 != next {
+                    return Err(Error::corruption(&path, frame.offset, "mark frame out of sequence"));
+                }
+                mark_digest = rec.digest;
+                continue;
+            }
+            if ts != next {
+                return Err(Error::corruption(&path, frame.offset, format!("commit ts {ts} where {next} was expected")));
+            }
+            expected_ts = Some(ts + 1);
+            seg_last_ts = ts;
+            mark_digest = None;
+            if ts > ckpt_ts {
+                for op in &rec.ops {
+                    state.apply(op, ts).map_err(|why| Error::corruption(&path, frame.offset, why))?;
+                }
+                report.frames_replayed += 1;
+                report.bytes_replayed += frame.payload.len() as u64;
+                last_ts = ts;
+            }
+        }
+        let seg_end_lsn = header.start_lsn + (scan.valid_end - wal::SEGMENT_HEADER_BYTES);
+        if let Some(bad) = &scan.bad {
+            let claim = max_claim.max(scan.later_max_durable_lsn);
+            if !is_last || bad.lsn < claim {
+                return Err(Error::corruption(
+                    &path,
+                    bad.offset,
+                    format!("{} in a part of the log that was already durable", bad.reason),
+                ));
+            }
+            report.torn_tail = Some((path.clone(), bad.offset));
+            report.bytes_truncated = bytes.len() as u64 - scan.valid_end;
+            report.discarded_frames = scan.later_valid_frames;
+            tear = Some(Tear { path: path.clone(), valid_end: scan.valid_end, whole_segment: false });
+        }
+        end_lsn = seg_end_lsn;
+        segments.push(SegmentInfo { seq, path, start_lsn: header.start_lsn, end_lsn: seg_end_lsn, last_ts: seg_last_ts });
+    }
+    if segments.is_empty() && ckpt_ts > 0 {
+        // Every segment is gone; the checkpoint alone is a consistent state only if nothing
+        // followed it, which cannot be known. Refuse rather than silently lose commits.
+        return Err(Error::corruption(dir, 0, "no WAL segments found next to the checkpoint"));
+    }
+    if let Some(expect) = expected_ts {
+        if expect <= ckpt_ts {
+            // The log ends before the checkpoint: fine, the checkpoint covers it.
+            last_ts = last_ts.max(ckpt_ts);
+        }
+    }
+    report.clean_shutdown = mark_digest.is_some() && tear.is_none();
+    report.last_ts = last_ts;
+    report.duration = started.elapsed();
+    Ok(Analysis { state, last_ts, segments, end_lsn, tear, checkpoints, corrupt_checkpoints, mark_digest, report })
+}
+
+/// Everything [`recover`] hands to the database.
+pub(crate) struct Recovered {
+    pub state: StateBuilder,
+    pub last_ts: u64,
+    pub wal: WalWriter,
+    pub checkpoints: Vec<(u64, PathBuf)>,
+    pub report: RecoveryReport,
+}
+
+/// Recovers a store: analyses it, checks the clean-close digest, truncates a torn tail, sets
+/// aside corrupt checkpoints, starts a new WAL segment and logs the report.
+pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u64) -> Result<Recovered> {
+    let started = Instant::now();
+    let mut a = analyze(fs.as_ref(), dir)?;
+    if let Some(mark) = a.mark_digest {
+        if a.tear.is_none() && mark != a.state.digest.0 {
+            let path = a.segments.last().map_or_else(|| dir.to_owned(), |s| s.path.clone());
+            return Err(Error::corruption(path, 0, "state digest after replay differs from the one recorded at close"));
+        }
+    }
+    // From here on the directory changes; every step is safe to redo after a crash.
+    if let Some(tear) = &a.tear {
+        if tear.whole_segment {
+            fs.remove_file(&tear.path).map_err(|e| Error::io(&tear.path, e))?;
+            fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+        } else {
+            let f = fs.open(&tear.path, OpenMode::ReadWrite).map_err(|e| Error::io(&tear.path, e))?;
+            f.set_len(tear.valid_end).map_err(|e| Error::io(&tear.path, e))?;
+            f.sync_data().map_err(|e| Error::io(&tear.path, e))?;
+        }
+    }
+    for path in &a.corrupt_checkpoints {
+        let mut aside = path.clone().into_os_string();
+        aside.push(".corrupt");
+        fs.rename(path, Path::new(&aside)).map_err(|e| Error::io(path, e))?;
+    }
+    for name in fs.list_dir(dir).map_err(|e| Error::io(dir, e))? {
+        if name.starts_with("checkpoint-") && name.ends_with(".kc.tmp") {
+            let p = dir.join(&name);
+            fs.remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        }
+    }
+    fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+
+    let next_seq = a.segments.last().map_or(1, |s| s.seq + 1);
+    let wal = WalWriter::create(Arc::clone(fs), dir, next_seq, a.end_lsn, a.last_ts + 1, a.segments.clone(), segment_bytes_max)?;
+    a.report.duration = started.elapsed();
+    append_recovery_log(fs.as_ref(), dir, &a.report)?;
+    Ok(Recovered { state: a.state, last_ts: a.last_ts, wal, checkpoints: a.checkpoints, report: a.report })
+}
+
+fn append_recovery_log(fs: &dyn FileSystem, dir: &Path, report: &RecoveryReport) -> Result<()> {
+    let path = dir.join(RECOVERY_LOG);
+    let file = match fs.open(&path, OpenMode::ReadWrite) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let f = fs.open(&path, OpenMode::CreateNew).map_err(|e| Error::io(&path, e))?;
+            fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+            f
+        }
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let line = report.to_json_line(unix_ms);
+    let len = file.len().map_err(|e| Error::io(&path, e))?;
+    write_all_at(file.as_ref(), line.as_bytes(), len).map_err(|e| Error::io(&path, e))?;
+    file.sync_data().map_err(|e| Error::io(&path, e))
+}
