@@ -530,7 +530,8 @@ mod tests {
         let rec = decode_payload(scan.frames[1].payload).expect("decodes");
         assert_eq!(rec.kind, KIND_COMMIT);
         assert_eq!(rec.ops, vec![Op::Put { table: 1, key: &[2], value: b"value" }]);
-        let mark = decode_payload(&mark_payload(99)).expect("mark decodes");
+        let mark_bytes = mark_payload(99);
+        let mark = decode_payload(&mark_bytes).expect("mark decodes");
         assert_eq!((mark.kind, mark.digest), (KIND_MARK, Some(99)));
     }
 
