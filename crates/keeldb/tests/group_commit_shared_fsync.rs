@@ -1,0 +1,149 @@
+//! Group commit shares fdatasync calls: counted through the file-system seam, not timed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod common;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
+
+use common::*;
+use keel_testkit::counting::CountingFs;
+use keeldb::{Database, Durability, Error, Options};
+
+fn open_counting(path: &std::path::Path, fs: &CountingFs, d: Durability) -> Database {
+    Database::open(path, Options { durability: d, fs: Arc::new(fs.clone()), background_threads: false, ..Options::default() }).unwrap()
+}
+
+#[test]
+fn one_writer_pays_one_fdatasync_per_commit() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Sync);
+    let before = fs.counts.file_syncs.load(Ordering::SeqCst);
+    for i in 0..50u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    let syncs = fs.counts.file_syncs.load(Ordering::SeqCst) - before;
+    assert_eq!(syncs, 50, "each sync commit alone needs exactly one fdatasync");
+}
+
+#[test]
+fn sixty_four_concurrent_sync_committers_share_fdatasyncs() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Sync);
+    let threads = 64;
+    let per = 20;
+    let before = fs.counts.file_syncs.load(Ordering::SeqCst);
+    let barrier = Arc::new(Barrier::new(threads));
+    std::thread::scope(|s| {
+        for th in 0..threads {
+            let db = db.clone();
+            let barrier = Arc::clone(&barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..per {
+                    let key = format!("{th}-{i}");
+                    put(&db, "t", key.as_bytes(), b"v");
+                }
+            });
+        }
+    });
+    let commits = (threads * per) as u64;
+    let syncs = fs.counts.file_syncs.load(Ordering::SeqCst) - before;
+    let stats = db.stats();
+    assert_eq!(stats.commits, commits);
+    assert_eq!(scan_all(&db, "t").len() as u64, commits);
+    // Every batch has exactly one fdatasync, and batches hold many commits.
+    assert_eq!(syncs, stats.batches);
+    assert!(syncs * 4 <= commits, "{commits} commits used {syncs} fdatasyncs: not shared");
+}
+
+#[test]
+fn relaxed_commits_do_not_fdatasync_until_close() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Relaxed);
+    let before = fs.counts.file_syncs.load(Ordering::SeqCst);
+    for i in 0..100u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    assert_eq!(fs.counts.file_syncs.load(Ordering::SeqCst), before);
+    db.close().unwrap();
+    assert!(fs.counts.file_syncs.load(Ordering::SeqCst) > before, "close must sync");
+}
+
+#[test]
+fn per_transaction_sync_in_a_relaxed_database_syncs() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Relaxed);
+    let before = fs.counts.file_syncs.load(Ordering::SeqCst);
+    let mut tx = db.begin_write_with(keeldb::TxnOptions { durability: Some(Durability::Sync), ..Default::default() }).unwrap();
+    tx.put("t", b"k", b"v").unwrap();
+    tx.commit().unwrap();
+    assert_eq!(fs.counts.file_syncs.load(Ordering::SeqCst), before + 1);
+}
+
+#[test]
+fn periodic_durability_syncs_within_its_interval() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let interval = std::time::Duration::from_millis(30);
+    let db = Database::open(
+        t.path(),
+        Options { durability: Durability::Periodic(interval), fs: Arc::new(fs.clone()), ..Options::default() },
+    )
+    .unwrap();
+    let before = fs.counts.file_syncs.load(Ordering::SeqCst);
+    put(&db, "t", b"k", b"v");
+    assert_eq!(fs.counts.file_syncs.load(Ordering::SeqCst), before, "periodic commit returns before syncing");
+    // The background worker syncs once the interval has passed; wait generously.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs.counts.file_syncs.load(Ordering::SeqCst) == before {
+        assert!(std::time::Instant::now() < deadline, "no background sync after 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn failed_fdatasync_poisons_and_reopen_recovers() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Sync);
+    put(&db, "t", b"before", b"1");
+    fs.counts.fail_syncs.store(true, Ordering::SeqCst);
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"during", b"2").unwrap();
+    assert!(tx.commit().is_err());
+    // Not acknowledged, so not visible.
+    assert_eq!(get(&db, "t", b"during"), None);
+    fs.counts.fail_syncs.store(false, Ordering::SeqCst);
+    // Still poisoned even though the disk "recovered": fsyncgate.
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"after", b"3").unwrap();
+    assert!(matches!(tx.commit(), Err(Error::Poisoned(_))));
+    // Reads of visible data keep working.
+    assert_eq!(get(&db, "t", b"before").as_deref(), Some(&b"1"[..]));
+    drop(db);
+    let db = open_counting(&t.path(), &fs, Durability::Sync);
+    assert_eq!(get(&db, "t", b"before").as_deref(), Some(&b"1"[..]));
+    put(&db, "t", b"after", b"3");
+}
+
+#[test]
+fn failed_write_poisons() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Relaxed);
+    put(&db, "t", b"a", b"1");
+    fs.counts.fail_writes.store(true, Ordering::SeqCst);
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"b", b"2").unwrap();
+    assert!(tx.commit().is_err());
+    fs.counts.fail_writes.store(false, Ordering::SeqCst);
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"c", b"3").unwrap();
+    assert!(matches!(tx.commit(), Err(Error::Poisoned(_))));
+    drop(db);
+    let db = open_counting(&t.path(), &fs, Durability::Relaxed);
+    assert_eq!(get(&db, "t", b"a").as_deref(), Some(&b"1"[..]));
+}

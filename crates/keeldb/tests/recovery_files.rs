@@ -1,0 +1,312 @@
+//! Recovery from damaged files on the real file system: torn tails are truncated and
+//! reported; corruption anywhere else is a typed error from `open` and from `verify`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod common;
+use std::io::Write;
+use std::path::Path;
+
+use common::*;
+use keeldb::{Database, Durability, Error, Options};
+
+const FRAME_HEADER: usize = 40;
+const SEGMENT_HEADER: usize = 64;
+
+/// A store with `n` single-put sync commits, closed without the clean-close mark's help
+/// (the mark is just another frame; tests below cut or damage frames explicitly).
+fn store_with(path: &Path, n: u32) {
+    let db = open(path);
+    for i in 0..n {
+        put(&db, "t", format!("k{i:04}").as_bytes(), format!("value-{i}").as_bytes());
+    }
+    db.close().unwrap();
+}
+
+/// Offsets of the frames in a segment file (walking the length fields).
+fn frame_offsets(bytes: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut pos = SEGMENT_HEADER;
+    while pos + FRAME_HEADER <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        out.push(pos);
+        pos += FRAME_HEADER + ((len + 7) & !7);
+    }
+    out
+}
+
+fn newest_segment(dir: &Path) -> std::path::PathBuf {
+    // The newest segment after close is empty (header only); pick the newest with frames.
+    files(dir, "wal-").into_iter().rev().find(|p| std::fs::metadata(p).unwrap().len() > SEGMENT_HEADER as u64).unwrap()
+}
+
+fn remove_empty_segments_after(dir: &Path, seg: &Path) {
+    for p in files(dir, "wal-") {
+        if p.as_path() > seg {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}
+
+fn count(db: &Database) -> usize {
+    scan_all(db, "t").len()
+}
+
+#[test]
+fn torn_tail_is_truncated_and_reported() {
+    let t = TestDir::new();
+    store_with(&t.path(), 10);
+    let seg = newest_segment(&t.path());
+    remove_empty_segments_after(&t.path(), &seg);
+    let bytes = std::fs::read(&seg).unwrap();
+    let frames = frame_offsets(&bytes);
+    // Cut the file in the middle of the last frame (the close mark) and then of a commit.
+    let last_commit = frames[frames.len() - 2];
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len((last_commit + 20) as u64).unwrap();
+    let db = open(&t.path());
+    let r = db.recovery_report();
+    assert_eq!(r.torn_tail.as_ref().map(|(_, off)| *off), Some(last_commit as u64), "{r}");
+    assert_eq!(r.bytes_truncated, 20);
+    assert!(!r.clean_shutdown);
+    assert_eq!(count(&db), 9, "only the torn commit is lost");
+    // The report is appended to the recovery log.
+    let log = std::fs::read_to_string(t.path().join("recovery.log")).unwrap();
+    assert!(log.lines().last().unwrap().contains("\"bytes_truncated\":20"), "{log}");
+    db.close().unwrap();
+    // And the store is clean afterwards.
+    let db = open(&t.path());
+    assert!(db.recovery_report().torn_tail.is_none());
+    assert_eq!(count(&db), 9);
+}
+
+#[test]
+fn garbage_appended_after_the_last_frame_is_a_torn_tail() {
+    let t = TestDir::new();
+    store_with(&t.path(), 5);
+    let seg = newest_segment(&t.path());
+    remove_empty_segments_after(&t.path(), &seg);
+    std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&[0xAB; 100]).unwrap();
+    let db = open(&t.path());
+    assert_eq!(db.recovery_report().bytes_truncated, 100);
+    assert_eq!(count(&db), 5);
+}
+
+#[test]
+fn flipped_byte_mid_log_is_corruption_naming_file_and_offset() {
+    let t = TestDir::new();
+    store_with(&t.path(), 10);
+    let seg = newest_segment(&t.path());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let frames = frame_offsets(&bytes);
+    let victim = frames[3];
+    bytes[victim + FRAME_HEADER + 6] ^= 0x01;
+    std::fs::write(&seg, &bytes).unwrap();
+    let before: Vec<_> = files(&t.path(), "").iter().map(|p| (p.clone(), std::fs::read(p).unwrap())).collect();
+    let err = Database::open(t.path(), opts(Durability::Sync)).unwrap_err();
+    match &err {
+        Error::Corruption { location, .. } => {
+            assert_eq!(location.path, seg);
+            assert_eq!(location.offset, victim as u64);
+        }
+        other => panic!("expected corruption, got {other}"),
+    }
+    // The failed open changed nothing.
+    for (p, content) in before {
+        if p.file_name().unwrap() != "LOCK" {
+            assert_eq!(std::fs::read(&p).unwrap(), content, "{} changed", p.display());
+        }
+    }
+    let report = keeldb::verify(t.path()).unwrap();
+    assert!(!report.is_intact());
+    assert!(report.to_string().contains(&victim.to_string()), "{report}");
+}
+
+#[test]
+fn zeroed_middle_of_the_log_is_corruption() {
+    let t = TestDir::new();
+    store_with(&t.path(), 10);
+    let seg = newest_segment(&t.path());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let frames = frame_offsets(&bytes);
+    for b in &mut bytes[frames[2]..frames[4]] {
+        *b = 0;
+    }
+    std::fs::write(&seg, &bytes).unwrap();
+    assert!(matches!(Database::open(t.path(), opts(Durability::Sync)), Err(Error::Corruption { .. })));
+}
+
+#[test]
+fn a_deleted_segment_is_corruption() {
+    let t = TestDir::new();
+    let path = t.path();
+    {
+        let db = Database::open(&path, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() }).unwrap();
+        for i in 0..200u32 {
+            put(&db, "t", &i.to_be_bytes(), &[7u8; 100]);
+        }
+        db.close().unwrap();
+    }
+    let segs = files(&path, "wal-");
+    assert!(segs.len() > 3, "segments rolled");
+    std::fs::remove_file(&segs[1]).unwrap();
+    let err = Database::open(&path, opts(Durability::Sync)).unwrap_err();
+    assert!(matches!(err, Error::Corruption { .. }), "{err}");
+    assert!(err.to_string().contains("missing"), "{err}");
+    // Deleting the oldest segment loses the start of history: also refused.
+    let t2 = TestDir::new();
+    let p2 = t2.path();
+    {
+        let db = Database::open(&p2, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() }).unwrap();
+        for i in 0..200u32 {
+            put(&db, "t", &i.to_be_bytes(), &[7u8; 100]);
+        }
+        db.close().unwrap();
+    }
+    // Segment 1 is the empty one made at creation; remove it and the first holding commits.
+    for p in files(&p2, "wal-").into_iter().take(2) {
+        std::fs::remove_file(p).unwrap();
+    }
+    let err = Database::open(&p2, opts(Durability::Sync)).unwrap_err();
+    assert!(err.to_string().contains("gone"), "{err}");
+}
+
+#[test]
+fn corrupt_newest_checkpoint_falls_back_to_the_older_one_plus_wal() {
+    let t = TestDir::new();
+    let path = t.path();
+    let db = open(&path);
+    for i in 0..50u32 {
+        put(&db, "t", &i.to_be_bytes(), b"a");
+    }
+    let c1 = db.checkpoint().unwrap();
+    for i in 50..100u32 {
+        put(&db, "t", &i.to_be_bytes(), b"b");
+    }
+    let c2 = db.checkpoint().unwrap();
+    assert!(c2.ts > c1.ts);
+    for i in 100..120u32 {
+        put(&db, "t", &i.to_be_bytes(), b"c");
+    }
+    let digest = db.digest();
+    db.close().unwrap();
+    let mut bytes = std::fs::read(&c2.path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    std::fs::write(&c2.path, &bytes).unwrap();
+    assert!(!keeldb::verify(&path).unwrap().is_intact());
+    let db = open(&path);
+    let r = db.recovery_report();
+    assert_eq!(r.checkpoint.as_ref().map(|(_, ts)| *ts), Some(c1.ts), "{r}");
+    assert_eq!(r.corrupt_checkpoints.len(), 1);
+    assert_eq!(count(&db), 120);
+    assert_eq!(db.digest(), digest);
+    // The corrupt file was set aside, not deleted.
+    assert!(files(&path, "checkpoint-").iter().any(|p| p.to_string_lossy().ends_with(".corrupt")));
+}
+
+#[test]
+fn corrupt_checkpoint_without_the_wal_it_needs_is_an_error() {
+    let t = TestDir::new();
+    let path = t.path();
+    let db = open(&path);
+    for round in 0..3u32 {
+        for i in 0..30u32 {
+            put(&db, "t", &(round * 100 + i).to_be_bytes(), b"v");
+        }
+        db.checkpoint().unwrap();
+    }
+    db.close().unwrap();
+    // Only the newest two checkpoints are kept; corrupt both.
+    let ckpts = files(&path, "checkpoint-");
+    assert_eq!(ckpts.len(), 2);
+    for c in &ckpts {
+        let mut b = std::fs::read(c).unwrap();
+        b[70] ^= 1;
+        std::fs::write(c, &b).unwrap();
+    }
+    let err = Database::open(&path, opts(Durability::Sync)).unwrap_err();
+    assert!(matches!(err, Error::Corruption { .. }), "{err}");
+}
+
+#[test]
+fn checkpoint_then_reopen_replays_only_the_tail() {
+    let t = TestDir::new();
+    let path = t.path();
+    let db = open(&path);
+    for i in 0..100u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    let c = db.checkpoint().unwrap();
+    assert_eq!(c.entries, 100);
+    for i in 100..110u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    let digest = db.digest();
+    db.close().unwrap();
+    let db = open(&path);
+    let r = db.recovery_report();
+    assert_eq!(r.checkpoint.as_ref().map(|(_, ts)| *ts), Some(c.ts));
+    assert_eq!(r.frames_replayed, 10);
+    assert_eq!(count(&db), 110);
+    assert_eq!(db.digest(), digest);
+    assert!(keeldb::verify(&path).is_err(), "verify refuses a store that is open (locked)");
+    db.close().unwrap();
+    let v = keeldb::verify(&path).unwrap();
+    assert!(v.is_intact(), "{v}");
+    assert_eq!(v.digest, Some(digest));
+}
+
+#[test]
+fn automatic_checkpoints_bound_the_wal() {
+    let t = TestDir::new();
+    let path = t.path();
+    let db = Database::open(
+        &path,
+        Options { durability: Durability::Relaxed, wal_segment_bytes: 64 * 1024, checkpoint_wal_bytes: 256 * 1024, ..Options::default() },
+    )
+    .unwrap();
+    for i in 0..20_000u32 {
+        put(&db, "t", &(i % 1000).to_be_bytes(), &[1u8; 100]);
+    }
+    // Give the background worker a moment to catch up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while db.stats().checkpoint_ts.is_none() {
+        assert!(std::time::Instant::now() < deadline, "no automatic checkpoint");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let wal = db.stats().wal_bytes;
+    assert!(wal < 2_000_000, "WAL grew to {wal} bytes despite checkpoints");
+    let digest = db.digest();
+    db.close().unwrap();
+    let db = open(&path);
+    assert_eq!(count(&db), 1000);
+    assert_eq!(db.digest(), digest);
+}
+
+#[test]
+fn crash_after_creating_the_directory_reopens_as_new() {
+    let t = TestDir::new();
+    std::fs::create_dir_all(t.path()).unwrap();
+    // Leftovers of a creation that crashed before the identity file was renamed in.
+    std::fs::write(t.path().join("wal-0000000000000001.log"), [1u8; 10]).unwrap();
+    std::fs::write(t.path().join("KEELDB.tmp"), [1u8; 3]).unwrap();
+    let db = open(&t.path());
+    put(&db, "t", b"k", b"v");
+    db.close().unwrap();
+    let db = open(&t.path());
+    assert_eq!(get(&db, "t", b"k").as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn torn_header_of_the_newest_segment_is_dropped() {
+    let t = TestDir::new();
+    store_with(&t.path(), 5);
+    let segs = files(&t.path(), "wal-");
+    let last = segs.last().unwrap();
+    // Simulate a crash while creating the next segment: a partial header.
+    let next_name = format!("wal-{:016}.log", segs.len() + 1);
+    let mut partial = std::fs::read(last).unwrap();
+    partial.truncate(30);
+    std::fs::write(t.path().join(next_name), &partial).unwrap();
+    let db = open(&t.path());
+    assert!(db.recovery_report().torn_tail.is_some());
+    assert_eq!(count(&db), 5);
+}
