@@ -135,12 +135,25 @@ impl Version {
 /// The hash map used throughout the engine (foldhash: fast, randomly seeded per map).
 pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
-type Map = FastMap<Key, Version>;
+/// A key and the head of its version chain. Free slots have an empty key and no value.
+#[derive(Debug)]
+struct Slot {
+    key: Key,
+    head: Version,
+}
 
 /// The keys and versions of one table.
+///
+/// Layout, chosen for memory per key and cache misses per point read: the chains live in a
+/// dense slab (`slots`), a hash table maps a key to its slot number (4 bytes a bucket, so the
+/// table stays cache-resident far longer than one holding whole entries), and an ordered set
+/// of the same keys serves range scans.
 #[derive(Debug, Default)]
 pub(crate) struct TableData {
-    map: Map,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     order: BTreeSet<Key>,
     /// Keys whose head is a tombstone or that have older versions: the collector's work list.
     gc_candidates: Vec<Key>,
@@ -196,15 +209,66 @@ fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 }
 
 impl TableData {
+    fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<&Version> {
+        let slots = &self.slots;
+        let slot = *self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
+        self.slots.get(slot as usize).map(|s| &s.head)
+    }
+
+    fn slot_of(&self, key: &[u8]) -> Option<usize> {
+        let slots = &self.slots;
+        self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)).map(|&i| i as usize)
+    }
+
+    fn insert_new(&mut self, key: &[u8], head: Version) {
+        let hash = self.hash(key);
+        let slot = Slot { key: Key::new(key), head };
+        let n = match self.free.pop() {
+            Some(n) => {
+                if let Some(s) = self.slots.get_mut(n as usize) {
+                    *s = slot;
+                }
+                n
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, n, |&i| {
+            use std::hash::BuildHasher;
+            slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()))
+        });
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        let hash = self.hash(key);
+        let slots = &self.slots;
+        if let Ok(entry) = self.index.find_entry(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)) {
+            let (n, _) = entry.remove();
+            if let Some(s) = self.slots.get_mut(n as usize) {
+                *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None } };
+                self.free.push(n);
+            }
+        }
+        self.order.remove(key);
+    }
+
     pub fn get(&self, key: &[u8], snapshot: u64) -> Option<Vec<u8>> {
-        let head = self.map.get(key)?;
+        let head = self.find(key)?;
         head.visible(snapshot)?.value.as_deref().map(<[u8]>::to_vec)
     }
 
     /// Newest commit timestamp that wrote `key`, visible or not.
     #[cfg(test)]
     pub fn head_ts(&self, key: &[u8]) -> Option<u64> {
-        self.map.get(key).map(|v| v.ts)
+        self.find(key).map(|v| v.ts)
     }
 
     /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
@@ -221,7 +285,7 @@ impl TableData {
             if out.len() >= limit {
                 return (out, true);
             }
-            if let Some(value) = self.map.get(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref()) {
+            if let Some(value) = self.find(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref()) {
                 out.push((key.as_slice().to_vec(), value.to_vec()));
             }
         }
@@ -230,7 +294,8 @@ impl TableData {
     /// Applies one write at `ts` (which must exceed every earlier write's), pruning versions no
     /// snapshot at or after `horizon` can see. Keeps the digest in step.
     pub fn apply(&mut self, table: &str, key: &[u8], value: Option<&[u8]>, ts: u64, horizon: u64, digest: &mut StateDigest) {
-        match self.map.get_mut(key) {
+        let mut pushed_candidate = false;
+        match self.slot_of(key).and_then(|n| self.slots.get_mut(n)).map(|s| &mut s.head) {
             Some(head) => {
                 debug_assert!(head.ts < ts, "versions applied out of order");
                 if let Some(old) = head.value.as_deref() {
@@ -246,18 +311,18 @@ impl TableData {
                     head.older = Some(Box::new(previous));
                     head.prune(horizon);
                 }
-                if head.older.is_some() || head.value.is_none() {
-                    self.gc_candidates.push(Key::new(key));
-                }
+                pushed_candidate = head.older.is_some() || head.value.is_none();
             }
             None => {
                 if value.is_none() {
                     return; // Deleting an absent key changes nothing.
                 }
-                let k = Key::new(key);
-                self.order.insert(k.clone());
-                self.map.insert(k, Version { ts, value: value.map(Into::into), older: None });
+                self.order.insert(Key::new(key));
+                self.insert_new(key, Version { ts, value: value.map(Into::into), older: None });
             }
+        }
+        if pushed_candidate {
+            self.gc_candidates.push(Key::new(key));
         }
         if let Some(v) = value {
             digest.add(table, key, v);
@@ -273,7 +338,7 @@ impl TableData {
         let batch: Vec<Key> = self.gc_candidates.drain(..take).collect();
         let mut keep = Vec::new();
         for key in batch {
-            let remove = match self.map.get_mut(key.as_slice()) {
+            let remove = match self.slot_of(key.as_slice()).and_then(|n| self.slots.get_mut(n)).map(|s| &mut s.head) {
                 None => false,
                 Some(head) => {
                     head.prune(horizon);
@@ -288,12 +353,11 @@ impl TableData {
                 }
             };
             if remove {
-                self.map.remove(key.as_slice());
-                self.order.remove(key.as_slice());
+                self.remove(key.as_slice());
             }
         }
         // Chains still too young to prune go back on the list, deduplicated lazily.
-        if !keep.is_empty() && self.gc_candidates.len() < self.map.len() {
+        if !keep.is_empty() && self.gc_candidates.len() < self.order.len() {
             self.gc_candidates.extend(keep);
         }
         take
@@ -313,16 +377,16 @@ impl TableData {
 
     /// Every live entry at the newest version (used to update the digest when dropping).
     pub fn for_each_live(&self, mut f: impl FnMut(&[u8], &[u8])) {
-        for (k, v) in &self.map {
-            if let Some(value) = v.value.as_deref() {
-                f(k.as_slice(), value);
+        for slot in &self.slots {
+            if let Some(value) = slot.head.value.as_deref() {
+                f(slot.key.as_slice(), value);
             }
         }
     }
 
     /// Depth of the chain for `key` (tests and benchmarks).
     pub fn chain_depth(&self, key: &[u8]) -> usize {
-        self.map.get(key).map_or(0, Version::depth)
+        self.find(key).map_or(0, Version::depth)
     }
 }
 
