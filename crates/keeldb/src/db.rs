@@ -145,6 +145,7 @@ pub(crate) struct Inner {
     pub counters: Counters,
     pub schedule: Arc<SyncSchedule>,
     pub checkpoint_lock: Mutex<Vec<(u64, PathBuf)>>,
+    pub checkpoint_running: AtomicBool,
     pub recovery: RecoveryReport,
     pub worker: Mutex<Option<JoinHandle<()>>>,
     pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
@@ -257,6 +258,7 @@ impl Database {
             counters: Counters::default(),
             schedule: Arc::new(SyncSchedule::default()),
             checkpoint_lock: Mutex::new(rec.checkpoints),
+            checkpoint_running: AtomicBool::new(false),
             recovery: rec.report,
             worker: Mutex::new(None),
             dir_lock: Mutex::new(Some(lock)),
@@ -353,10 +355,16 @@ impl Database {
     }
 }
 
+/// Sleeps a random time below an exponentially growing cap (1 us, 2 us, ... 1 ms), so that
+/// conflicting retriers spread out instead of colliding again.
 fn backoff(attempt: u32) {
     let cap_us = 1u64 << attempt.min(10);
-    let jitter = (Instant::now().elapsed().subsec_nanos() as u64 ^ (attempt as u64 * 0x9e37_79b9)) % cap_us.max(1);
-    std::thread::sleep(Duration::from_micros(jitter + 1));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let mut x = u64::from(nanos) ^ (u64::from(attempt) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::thread::sleep(Duration::from_micros(x % cap_us + 1));
 }
 
 impl Inner {
@@ -622,8 +630,24 @@ fn worker_loop(weak: Weak<Inner>, schedule: Arc<SyncSchedule>) {
         }
         let threshold = db.options.checkpoint_wal_bytes;
         let wal_bytes = db.counters.wal_bytes_since_checkpoint.load(Ordering::Relaxed);
-        if threshold > 0 && wal_bytes >= threshold && !db.is_poisoned.load(Ordering::Acquire) {
-            let _ = db.checkpoint();
+        if threshold > 0
+            && wal_bytes >= threshold
+            && !db.is_poisoned.load(Ordering::Acquire)
+            && !db.checkpoint_running.swap(true, Ordering::AcqRel)
+        {
+            // On its own thread, so a long checkpoint never delays a periodic fdatasync.
+            let weak_ckpt = Weak::clone(&weak);
+            let spawned = std::thread::Builder::new().name("keeldb-checkpoint".into()).spawn(move || {
+                if let Some(db) = weak_ckpt.upgrade() {
+                    if !db.closed.load(Ordering::Acquire) {
+                        let _ = db.checkpoint();
+                    }
+                    db.checkpoint_running.store(false, Ordering::Release);
+                }
+            });
+            if spawned.is_err() {
+                db.checkpoint_running.store(false, Ordering::Release);
+            }
         }
         if last_gc.elapsed() >= Duration::from_millis(50) {
             db.collect_garbage();

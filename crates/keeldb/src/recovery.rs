@@ -411,8 +411,19 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
     }
     fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
 
-    let next_seq = a.segments.last().map_or(1, |s| s.seq + 1);
-    let wal = WalWriter::create(Arc::clone(fs), dir, next_seq, a.end_lsn, a.last_ts + 1, a.segments.clone(), segment_bytes_max)?;
+    // Resume the newest segment. It is fdatasynced first even when it ended cleanly: after a
+    // process crash its tail may sit only in the page cache, and the frames written from now
+    // on claim everything before them durable. Without this sync a power loss could keep a
+    // later sync commit and lose an earlier replayed one, breaking the prefix guarantee.
+    let mut sealed = a.segments.clone();
+    let wal = match sealed.pop() {
+        Some(last) => {
+            let file = fs.open(&last.path, OpenMode::ReadWrite).map_err(|e| Error::io(&last.path, e))?;
+            file.sync_data().map_err(|e| Error::io(&last.path, e))?;
+            WalWriter::resume(Arc::clone(fs), dir, file, last, sealed, segment_bytes_max)
+        }
+        None => WalWriter::create(Arc::clone(fs), dir, 1, a.end_lsn, a.last_ts + 1, sealed, segment_bytes_max)?,
+    };
     a.report.duration = started.elapsed();
     append_recovery_log(fs.as_ref(), dir, &a.report)?;
     Ok(Recovered { state: a.state, last_ts: a.last_ts, wal, checkpoints: a.checkpoints, report: a.report })

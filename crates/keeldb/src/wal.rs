@@ -370,7 +370,8 @@ pub(crate) struct WalWriter {
 }
 
 impl WalWriter {
-    /// Continues an existing segment whose valid frames end at `end_lsn`.
+    /// Continues an existing segment whose valid frames end at `current.end_lsn` (the caller
+    /// has truncated anything after that and synced the file).
     pub fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
