@@ -1,0 +1,394 @@
+//! The `mvcc` suite: seed 003's figures. Transaction overhead split into begin / put / commit
+//! (in `relaxed`, which measures the engine, and in `sync`, which adds the fdatasync); point
+//! reads against version-chain depth, from a new snapshot (newest version) and from an old one
+//! held open across the overwrites (oldest version); and point reads and resident memory per
+//! key over a large table (1M keys of 16 bytes with 100-byte values).
+//!
+//! Phases are timed with a clock read around each; totals are timed as a batch without inner
+//! clock reads, so `total` can be lower than the sum of the phases.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use keeldb::{Database, Durability, TxnOptions};
+
+use super::{key16, open, value_bytes, IndexStream};
+use crate::machine::resident_bytes;
+use crate::report::Row;
+use crate::timing::{per_second, Budget};
+use crate::{Scale, SuiteContext};
+
+const SUITE: &str = "mvcc";
+
+struct Plan {
+    txn_relaxed: Budget,
+    txn_sync: Budget,
+    chain_keys: u64,
+    chain_reads: u64,
+    large_keys: u64,
+    large_reads: u64,
+    load_batch: u64,
+}
+
+fn plan(scale: Scale) -> Plan {
+    let ms = Duration::from_millis;
+    match scale {
+        Scale::Full => Plan {
+            txn_relaxed: Budget::new(1_000, 1_000_000, ms(1_000)),
+            txn_sync: Budget::new(50, 10_000, ms(1_500)),
+            chain_keys: 1_000,
+            chain_reads: 1_000_000,
+            large_keys: 1_000_000,
+            large_reads: 2_000_000,
+            load_batch: 10_000,
+        },
+        Scale::Quick => Plan {
+            txn_relaxed: Budget::new(1_000, 200_000, ms(250)),
+            txn_sync: Budget::new(20, 2_000, ms(400)),
+            chain_keys: 200,
+            chain_reads: 200_000,
+            large_keys: 1_000_000,
+            large_reads: 500_000,
+            load_batch: 10_000,
+        },
+        Scale::Tiny => Plan {
+            txn_relaxed: Budget::new(100, 1_000, ms(20)),
+            txn_sync: Budget::new(3, 10, ms(20)),
+            chain_keys: 20,
+            chain_reads: 2_000,
+            large_keys: 20_000,
+            large_reads: 10_000,
+            load_batch: 5_000,
+        },
+    }
+}
+
+const DEPTHS: [u64; 5] = [0, 5, 10, 20, 50];
+
+/// Runs the suite.
+pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
+    let plan = plan(context.scale);
+    let mut rows = Vec::new();
+    let dir = context.temp_dir(SUITE)?;
+    let db = open(&dir.path().join("store"), Durability::Relaxed)?;
+
+    for (durability, budget) in [
+        (Durability::Relaxed, plan.txn_relaxed),
+        (Durability::Sync, plan.txn_sync),
+    ] {
+        rows.extend(transaction_overhead(context, &db, durability, budget)?);
+    }
+    rows.extend(version_chains(context, &db, &plan)?);
+    db.close().context("closing the store")?;
+    drop(dir);
+
+    let dir = context.temp_dir(SUITE)?;
+    rows.extend(large_table(context, dir.path(), &plan)?);
+    Ok(rows)
+}
+
+fn txn_options(durability: Durability) -> TxnOptions {
+    TxnOptions {
+        durability: Some(durability),
+        isolation: None,
+    }
+}
+
+/// Means of a phased loop, in ns.
+#[derive(Default)]
+struct Phases {
+    begin: f64,
+    put: f64,
+    commit: f64,
+}
+
+fn transaction_overhead(
+    context: &SuiteContext,
+    db: &Database,
+    durability: Durability,
+    budget: Budget,
+) -> anyhow::Result<Vec<Row>> {
+    let config = durability.name();
+    let mut rows = Vec::new();
+    let mut push = |case: &str, metric: &str, value: f64| {
+        rows.push(Row::new(SUITE, "keeldb", config, case, metric, value));
+    };
+
+    // Empty write transaction: begin, commit with no writes.
+    let phases = phased(budget, |_| {
+        let t0 = Instant::now();
+        let tx = db.begin_write_with(txn_options(durability))?;
+        let t1 = Instant::now();
+        tx.commit()?;
+        Ok((t1 - t0, Duration::ZERO, t1.elapsed()))
+    })?;
+    let total = batched(budget, |_| {
+        db.begin_write_with(txn_options(durability))?.commit()?;
+        Ok(())
+    })?;
+    push("txn_empty_write", "begin_ns", phases.begin);
+    push("txn_empty_write", "commit_ns", phases.commit);
+    push("txn_empty_write", "total_ns", total);
+
+    // One-put transaction on a fresh key.
+    let value = value_bytes(100, 7);
+    let key = |i: u64| format!("{config}-put-{i:012}").into_bytes();
+    let phases = phased(budget, |i| {
+        let key = key(i);
+        let t0 = Instant::now();
+        let mut tx = db.begin_write_with(txn_options(durability))?;
+        let t1 = Instant::now();
+        tx.put("mvcc", &key, &value)?;
+        let t2 = Instant::now();
+        tx.commit()?;
+        Ok((t1 - t0, t2 - t1, t2.elapsed()))
+    })?;
+    let total = batched(budget, |i| {
+        let mut tx = db.begin_write_with(txn_options(durability))?;
+        tx.put("mvcc", &key(u64::MAX / 2 + i), &value)?;
+        tx.commit()?;
+        Ok(())
+    })?;
+    push("txn_one_put", "begin_ns", phases.begin);
+    push("txn_one_put", "put_ns", phases.put);
+    push("txn_one_put", "commit_ns", phases.commit);
+    push("txn_one_put", "total_ns", total);
+    context.progress.line(
+        SUITE,
+        format!(
+            "keeldb {config} one-put txn: begin {:.0} ns, put {:.0} ns, commit {:.0} ns, total {total:.0} ns",
+            phases.begin, phases.put, phases.commit
+        ),
+    );
+
+    // Empty read transaction: begin a snapshot and release it. Durability does not apply, so
+    // it is measured once, under the relaxed rows.
+    if durability == Durability::Relaxed {
+        let phases = phased(budget, |_| {
+            let t0 = Instant::now();
+            let rx = db.begin_read()?;
+            let t1 = Instant::now();
+            drop(rx);
+            Ok((t1 - t0, Duration::ZERO, t1.elapsed()))
+        })?;
+        let total = batched(budget, |_| {
+            drop(black_box(db.begin_read()?));
+            Ok(())
+        })?;
+        push("txn_empty_read", "begin_ns", phases.begin);
+        push("txn_empty_read", "total_ns", total);
+    }
+    Ok(rows)
+}
+
+/// Runs `step` under `budget`; it returns its begin / put / commit durations. Means in ns.
+fn phased(
+    budget: Budget,
+    mut step: impl FnMut(u64) -> anyhow::Result<(Duration, Duration, Duration)>,
+) -> anyhow::Result<Phases> {
+    let mut sums = [0u128; 3];
+    let mut run = budget.start();
+    let mut i = 0;
+    while run.keep_going() {
+        let (begin, put, commit) = step(i)?;
+        i += 1;
+        sums[0] += begin.as_nanos();
+        sums[1] += put.as_nanos();
+        sums[2] += commit.as_nanos();
+    }
+    let n = run.iterations().max(1) as f64;
+    Ok(Phases {
+        begin: sums[0] as f64 / n,
+        put: sums[1] as f64 / n,
+        commit: sums[2] as f64 / n,
+    })
+}
+
+/// Runs `step` under `budget` without timing each call; the mean in ns.
+fn batched(budget: Budget, mut step: impl FnMut(u64) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let mut run = budget.start();
+    let mut i = 0;
+    while run.keep_going() {
+        step(i)?;
+        i += 1;
+    }
+    Ok(run.elapsed().as_nanos() as f64 / run.iterations().max(1) as f64)
+}
+
+/// For each depth: `chain_keys` keys written once, an old snapshot taken, then every key
+/// overwritten `depth` times. Reads from a new snapshot see the newest version; reads from the
+/// old snapshot must find the first.
+fn version_chains(context: &SuiteContext, db: &Database, plan: &Plan) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let table = "chains";
+    for depth in DEPTHS {
+        let key = |i: u64| format!("d{depth:02}-{i:08}").into_bytes();
+        let version = |round: u64| {
+            format!("value at round {round:04} padded to look like a record").into_bytes()
+        };
+        db.transact(|tx| {
+            for i in 0..plan.chain_keys {
+                tx.put(table, &key(i), &version(0))?;
+            }
+            Ok(())
+        })?;
+        let old = db.begin_read()?;
+        for round in 1..=depth {
+            db.transact(|tx| {
+                for i in 0..plan.chain_keys {
+                    tx.put(table, &key(i), &version(round))?;
+                }
+                Ok(())
+            })?;
+        }
+        let new = db.begin_read()?;
+        for i in [0, plan.chain_keys - 1] {
+            let newest = new.get(table, &key(i))?;
+            ensure!(
+                newest == Some(version(depth)),
+                "engine bug: new snapshot at depth {depth} read {newest:?}"
+            );
+            let oldest = old.get(table, &key(i))?;
+            ensure!(
+                oldest == Some(version(0)),
+                "engine bug: old snapshot at depth {depth} read {oldest:?}"
+            );
+        }
+        let keys: Vec<Vec<u8>> = (0..plan.chain_keys).map(key).collect();
+        let new_ns = read_loop(plan.chain_reads, &keys, |k| new.get(table, k))?;
+        let old_ns = read_loop(plan.chain_reads, &keys, |k| old.get(table, k))?;
+        drop(old);
+        let case = format!("depth_{depth}");
+        rows.push(Row::new(
+            SUITE,
+            "keeldb",
+            "relaxed",
+            &case,
+            "new_snapshot_ns",
+            new_ns,
+        ));
+        rows.push(Row::new(
+            SUITE,
+            "keeldb",
+            "relaxed",
+            &case,
+            "old_snapshot_ns",
+            old_ns,
+        ));
+        context.progress.line(
+            SUITE,
+            format!("keeldb version-chain depth {depth}: newest {new_ns:.0} ns/read, oldest {old_ns:.0} ns/read"),
+        );
+    }
+    Ok(rows)
+}
+
+/// `reads` point reads of `keys` in a pseudo-random order; the mean in ns. Every read must
+/// find its key.
+fn read_loop(
+    reads: u64,
+    keys: &[Vec<u8>],
+    mut get: impl FnMut(&[u8]) -> keeldb::Result<Option<Vec<u8>>>,
+) -> anyhow::Result<f64> {
+    let mut order = IndexStream::new(0xc0ffee, keys.len() as u64);
+    let mut found = 0u64;
+    let started = Instant::now();
+    for _ in 0..reads {
+        let key = &keys[order.next_index() as usize];
+        if black_box(get(key)?).is_some() {
+            found += 1;
+        }
+    }
+    let elapsed = started.elapsed();
+    ensure!(
+        found == reads,
+        "engine bug: {} of {reads} reads of present keys found nothing",
+        reads - found
+    );
+    Ok(elapsed.as_nanos() as f64 / reads.max(1) as f64)
+}
+
+/// Loads `large_keys` keys (16-byte keys, 100-byte values) in relaxed transactions, measuring
+/// resident memory before and after, then point-reads them in a pseudo-random order.
+fn large_table(
+    context: &SuiteContext,
+    dir: &std::path::Path,
+    plan: &Plan,
+) -> anyhow::Result<Vec<Row>> {
+    let n = plan.large_keys;
+    let table = "large";
+    // Keys and values are generated on the fly so nothing but the store grows with n.
+    let db = open(&dir.join("store"), Durability::Relaxed)?;
+    let value = value_bytes(100, 42);
+    let rss_before = resident_bytes();
+    let started = Instant::now();
+    let mut next = 0u64;
+    while next < n {
+        let end = (next + plan.load_batch).min(n);
+        let mut tx = db.begin_write()?;
+        for i in next..end {
+            tx.put(table, &key16(i), &value)?;
+        }
+        tx.commit()?;
+        next = end;
+    }
+    let load_elapsed = started.elapsed();
+    let rss_after = resident_bytes();
+    context.progress.line(
+        SUITE,
+        format!(
+            "keeldb loaded {n} keys in {:.2} s",
+            load_elapsed.as_secs_f64()
+        ),
+    );
+
+    let rx = db.begin_read()?;
+    let mut order = IndexStream::new(0xbead, n);
+    let mut found = 0u64;
+    let started = Instant::now();
+    for _ in 0..plan.large_reads {
+        if black_box(rx.get(table, &key16(order.next_index()))?).is_some() {
+            found += 1;
+        }
+    }
+    let read_elapsed = started.elapsed();
+    drop(rx);
+    ensure!(
+        found == plan.large_reads,
+        "engine bug: {} of {} reads of loaded keys found nothing",
+        plan.large_reads - found,
+        plan.large_reads
+    );
+    db.close().context("closing the store")?;
+
+    let case = format!("keys_{n}");
+    let read_ns = read_elapsed.as_nanos() as f64 / plan.large_reads.max(1) as f64;
+    let mut rows = vec![
+        Row::new(SUITE, "keeldb", "relaxed", &case, "read_ns", read_ns),
+        Row::new(
+            SUITE,
+            "keeldb",
+            "relaxed",
+            &case,
+            "load_keys_per_s",
+            per_second(n, load_elapsed),
+        ),
+    ];
+    if let (Some(before), Some(after)) = (rss_before, rss_after) {
+        let per_key = after.saturating_sub(before) as f64 / n.max(1) as f64;
+        rows.push(Row::new(
+            SUITE,
+            "keeldb",
+            "relaxed",
+            &case,
+            "bytes_per_key",
+            per_key,
+        ));
+        context.progress.line(
+            SUITE,
+            format!("keeldb {n} keys: {read_ns:.0} ns/read, {per_key:.0} resident bytes/key"),
+        );
+    }
+    Ok(rows)
+}
