@@ -17,7 +17,7 @@ use crate::checkpoint::CheckpointWriter;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
-use crate::group_commit::CommitState;
+use crate::group_commit::{CommitState, Pipeline};
 use crate::index::{Catalog, KeyRange};
 use crate::options::{Durability, Isolation, Options};
 use crate::recovery::{self, RecoveryReport};
@@ -134,6 +134,7 @@ pub(crate) struct Inner {
     pub registry: Registry,
     pub catalog: RwLock<Catalog>,
     pub commit: Mutex<CommitState>,
+    pub pipeline: Pipeline,
     pub wal: Mutex<WalWriter>,
     /// Every WAL byte before this LSN is known to be on stable storage.
     pub durable_lsn: AtomicU64,
@@ -249,6 +250,7 @@ impl Database {
             registry: Registry::default(),
             catalog: RwLock::new(rec.state.catalog),
             commit: Mutex::new(commit),
+            pipeline: Pipeline::default(),
             wal: Mutex::new(rec.wal),
             durable_lsn: AtomicU64::new(end_lsn),
             digest: Mutex::new(rec.state.digest),
@@ -559,7 +561,7 @@ impl Inner {
     /// syncs: after a clean close every acknowledged commit is durable whatever its mode.
     fn write_close_mark(&self) -> Result<()> {
         let mut cs = self.commit.lock();
-        while cs.leader_active || !cs.queue_is_empty() {
+        while !self.pipeline.is_idle(cs.next_batch) {
             drop(cs);
             std::thread::sleep(Duration::from_micros(200));
             cs = self.commit.lock();

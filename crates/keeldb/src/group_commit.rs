@@ -1,23 +1,32 @@
 //! Group commit: validation, timestamp assignment, the WAL batch, apply and publish.
 //!
-//! Under one mutex (the sequencer) a commit is validated against every commit validated before
-//! it (visible or not), given the next timestamp, encoded as a WAL frame and queued. So commit
-//! order, WAL order and timestamp order are one order. If no leader is active the committer
-//! becomes the leader: it takes the whole queue, writes it with one `write` and, when any
-//! commit in it asks for `sync`, one `fdatasync`, applies the batch to the index, publishes the
-//! new visible timestamp and wakes the batch's committers. Commits arriving meanwhile queue up
-//! for the next leader, chosen from them; there is no timer and no idle delay.
+//! Flat combining with a pipelined fdatasync. A committer pushes its write set onto a small
+//! queue and parks. If no leader is gathering, it becomes the leader: it takes the whole
+//! queue, and under the sequencer lock validates each commit against every commit validated
+//! before it (visible or not), gives it the next timestamp and encodes its WAL frame, so commit
+//! order, WAL order and timestamp order are one order. It writes the batch with one `write`
+//! and, when any commit in it asks for `sync`, one `fdatasync`; commits arriving meanwhile
+//! queue up. Then it hands gathering to one of them, so the next batch is validated, written
+//! and synced while this one is applied and its committers are woken. Only one fdatasync is in
+//! flight at a time (handing off before it made batches of one). Batches publish strictly in
+//! order: a finished batch is marked ready, and whoever holds the publish lock applies every
+//! ready batch in sequence to the index, advances the visible timestamp and wakes their
+//! committers, so no thread waits for a particular other one to be scheduled. There is no
+//! timer: an idle database never delays a commit.
 //!
-//! A failed write or fsync poisons the database: the batch and everything queued behind it
-//! fail, nothing of it becomes visible, and later commits are refused until reopen.
+//! Committers park once per commit; the sequencer lock is only ever taken by the one
+//! gathering leader, so 64 committers do not convoy on it.
+//!
+//! A failed write or fsync poisons the database: that batch and every later one fail, nothing
+//! of them becomes visible, and later commits are refused until reopen.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::db::Inner;
 use crate::error::{Error, Result};
@@ -32,31 +41,61 @@ use crate::wal::{self, PayloadBuilder};
 #[derive(Debug)]
 enum Slot {
     Waiting,
-    /// The committer must lead the next batch (its own commit is in it).
-    Lead,
-    Done(std::result::Result<(), String>),
+    /// Leadership was released with work queued: the committer should try to lead.
+    TryLead,
+    Done(Outcome),
 }
 
+/// How a commit ended.
+#[derive(Debug)]
+enum Outcome {
+    Committed(u64),
+    Conflict(String),
+    Failed(String),
+}
+
+impl Outcome {
+    fn into_result(self) -> Result<u64> {
+        match self {
+            Outcome::Committed(ts) => Ok(ts),
+            Outcome::Conflict(why) => Err(Error::Conflict(why)),
+            Outcome::Failed(why) if why == CLOSED => Err(Error::Closed),
+            Outcome::Failed(why) => Err(Error::Poisoned(why)),
+        }
+    }
+}
+
+const CLOSED: &str = "database is closed";
+
+/// A committer's mailbox: the slot and the thread to unpark when it changes. Parking on the
+/// thread's own futex is the cheapest sleep available, and a committer sleeps once per commit.
 #[derive(Debug)]
 struct Waiter {
     slot: Mutex<Slot>,
-    cv: Condvar,
+    changed: AtomicBool,
+    thread: std::thread::Thread,
 }
 
 impl Waiter {
     fn new() -> Arc<Waiter> {
-        Arc::new(Waiter { slot: Mutex::new(Slot::Waiting), cv: Condvar::new() })
+        Arc::new(Waiter { slot: Mutex::new(Slot::Waiting), changed: AtomicBool::new(false), thread: std::thread::current() })
     }
     fn set(&self, s: Slot) {
         *self.slot.lock() = s;
-        self.cv.notify_one();
+        self.changed.store(true, Ordering::Release);
+        self.thread.unpark();
     }
+    /// Blocks until the slot is set; only the thread that created the waiter calls this.
     fn wait(&self) -> Slot {
-        let mut slot = self.slot.lock();
-        while matches!(*slot, Slot::Waiting) {
-            self.cv.wait(&mut slot);
+        loop {
+            if self.changed.swap(false, Ordering::Acquire) {
+                let taken = std::mem::replace(&mut *self.slot.lock(), Slot::Waiting);
+                if !matches!(taken, Slot::Waiting) {
+                    return taken;
+                }
+            }
+            std::thread::park();
         }
-        std::mem::replace(&mut *slot, Slot::Waiting)
     }
 }
 
@@ -72,13 +111,59 @@ struct TableApply {
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
-/// A validated commit waiting for its batch.
+/// A validated commit in a batch.
 #[derive(Debug)]
-pub(crate) struct Pending {
+struct Pending {
     ts: u64,
     tables: Vec<TableApply>,
     durability: Durability,
     waiter: Arc<Waiter>,
+}
+
+/// A commit request waiting for a leader.
+#[derive(Debug)]
+struct Queued {
+    req: CommitRequest,
+    waiter: Arc<Waiter>,
+}
+
+#[derive(Debug, Default)]
+struct Gather {
+    pending: Vec<Queued>,
+    leader_active: bool,
+}
+
+/// A batch whose I/O is done, waiting for the batches before it to publish.
+#[derive(Debug)]
+struct Ready {
+    commits: Vec<Pending>,
+    result: std::result::Result<(), String>,
+}
+
+#[derive(Debug, Default)]
+struct Publish {
+    /// Sequence number of the next batch to publish.
+    next_batch: u64,
+    /// Batches done with their I/O, by sequence number.
+    ready: BTreeMap<u64, Ready>,
+    /// Set when a batch failed; every later batch fails too.
+    failed: Option<String>,
+}
+
+/// The queue committers join and the in-order publication of finished batches.
+#[derive(Debug, Default)]
+pub(crate) struct Pipeline {
+    gather: Mutex<Gather>,
+    publish: Mutex<Publish>,
+}
+
+impl Pipeline {
+    /// Whether no commit is queued, gathering or waiting to publish, given the sequencer's
+    /// next batch number.
+    pub fn is_idle(&self, next_batch: u64) -> bool {
+        let g = self.gather.lock();
+        !g.leader_active && g.pending.is_empty() && self.publish.lock().next_batch == next_batch
+    }
 }
 
 /// The sequencer's state, behind `Inner::commit`.
@@ -97,12 +182,8 @@ pub(crate) struct CommitState {
     trim_at: usize,
     /// Per table name, the newest commit timestamp that dropped it.
     drops: crate::index::FastMap<Arc<str>, u64>,
-    queue: Vec<Pending>,
-    queue_bytes: Vec<u8>,
-    queue_first_lsn: u64,
-    spare: Vec<u8>,
-    scratch: Vec<u8>,
-    pub leader_active: bool,
+    /// Sequence number the next batch gets.
+    pub next_batch: u64,
 }
 
 const TRIM_MIN: usize = 4096;
@@ -118,17 +199,8 @@ impl CommitState {
             recent_len: 0,
             trim_at: TRIM_MIN,
             drops: crate::index::FastMap::default(),
-            queue: Vec::new(),
-            queue_bytes: Vec::new(),
-            queue_first_lsn: next_lsn,
-            spare: Vec::new(),
-            scratch: Vec::new(),
-            leader_active: false,
+            next_batch: 0,
         }
-    }
-
-    pub fn queue_is_empty(&self) -> bool {
-        self.queue.is_empty()
     }
 
     fn written_after(&self, table: &str, key: &[u8], ts: u64) -> bool {
@@ -265,134 +337,233 @@ fn show_key(k: &[u8]) -> String {
     }
 }
 
+/// A batch sequenced and encoded by its leader.
+struct Batch {
+    seq: u64,
+    commits: Vec<Pending>,
+    frames: Vec<u8>,
+    first_lsn: u64,
+}
+
 impl Inner {
     /// Validates, logs and applies a write transaction; returns its commit timestamp once its
     /// durability condition holds and it is visible.
     pub(crate) fn commit(&self, req: CommitRequest) -> Result<u64> {
         self.check_writable()?;
         let waiter = Waiter::new();
-        let mut cs = self.commit.lock();
-        // Checked again under the lock: a leader may have failed since.
-        self.check_writable()?;
-        cs.validate(&req)?;
-        let ts = cs.last_ts + 1;
-        let (tables, payload) = cs.resolve(req.tables);
-        let payload = payload.finish();
-        let lsn = cs.next_lsn;
-        if cs.queue.is_empty() {
-            cs.queue_first_lsn = lsn;
+        let lead = {
+            let mut g = self.pipeline.gather.lock();
+            // Checked under the queue lock: close waits for this queue to drain.
+            self.check_writable()?;
+            g.pending.push(Queued { req, waiter: Arc::clone(&waiter) });
+            !std::mem::replace(&mut g.leader_active, true)
+        };
+        if lead {
+            self.lead_while_work();
         }
-        let before = cs.queue_bytes.len();
-        let durable = self.durable_lsn.load(Ordering::Acquire);
-        wal::encode_frame(&mut cs.queue_bytes, lsn, durable, ts, &payload, crc32c::crc32c(&payload));
-        cs.next_lsn += (cs.queue_bytes.len() - before) as u64;
-        cs.record(&tables, ts);
-        cs.last_ts = ts;
+        loop {
+            match waiter.wait() {
+                Slot::TryLead => {
+                    if self.try_take_leadership() {
+                        self.lead_while_work();
+                    }
+                }
+                Slot::Done(outcome) => return outcome.into_result(),
+                Slot::Waiting => {}
+            }
+        }
+    }
+
+    /// Takes leadership if nobody holds it and work is queued.
+    fn try_take_leadership(&self) -> bool {
+        let mut g = self.pipeline.gather.lock();
+        if g.leader_active || g.pending.is_empty() {
+            return false;
+        }
+        g.leader_active = true;
+        true
+    }
+
+    /// Leads a batch, then keeps leading while work is queued and nobody else took over: a
+    /// thread that is already running leads, instead of waiting for a woken one to be
+    /// scheduled (with many runnable threads on few cores that wait dominated).
+    fn lead_while_work(&self) {
+        self.lead();
+        for _ in 0..64 {
+            if !self.try_take_leadership() {
+                return;
+            }
+            self.lead();
+        }
+    }
+
+    /// Leads one batch: everything queued now (the caller's own commit is in it).
+    fn lead(&self) {
+        let delay = self.options.commit_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let queued = std::mem::take(&mut self.pipeline.gather.lock().pending);
+        let Some(batch) = self.sequence(queued) else {
+            self.release_gather();
+            return;
+        };
+        let last_ts = batch.commits.last().map_or(0, |p| p.ts);
+        let needs_sync = batch.commits.iter().any(|p| p.durability.needs_sync());
+        let written = self.write_frames(&batch.frames, batch.first_lsn, last_ts);
+        let result = written.and_then(|(file, end, path)| {
+            if needs_sync {
+                file.sync_data().map_err(|e| {
+                    let why = Error::io(path, e).to_string();
+                    self.poison(why.clone());
+                    why
+                })?;
+                self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
+                self.durable_lsn.fetch_max(end, Ordering::AcqRel);
+            }
+            self.after_write(&batch, needs_sync)
+        });
+        // One fdatasync in flight at a time keeps batches large. From here the next leader
+        // gathers, writes and syncs while this batch publishes and wakes its committers.
+        self.release_gather();
+        self.publish(batch, result);
+    }
+
+    /// Validates and encodes the queued commits in order; answers the ones that conflict.
+    fn sequence(&self, queued: Vec<Queued>) -> Option<Batch> {
+        let mut cs = self.commit.lock();
+        let refused = self.check_writable().err().map(|e| match e {
+            Error::Closed => CLOSED.to_owned(),
+            other => other.to_string(),
+        });
+        let mut commits = Vec::with_capacity(queued.len());
+        let mut frames = Vec::new();
+        let first_lsn = cs.next_lsn;
+        for Queued { req, waiter } in queued {
+            if let Some(why) = &refused {
+                waiter.set(Slot::Done(Outcome::Failed(why.clone())));
+                continue;
+            }
+            if let Err(e) = cs.validate(&req) {
+                waiter.set(Slot::Done(Outcome::Conflict(match e {
+                    Error::Conflict(why) => why,
+                    other => other.to_string(),
+                })));
+                continue;
+            }
+            let ts = cs.last_ts + 1;
+            let (tables, payload) = cs.resolve(req.tables);
+            let payload = payload.finish();
+            let before = frames.len();
+            let durable = self.durable_lsn.load(Ordering::Acquire);
+            wal::encode_frame(&mut frames, cs.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
+            cs.next_lsn += (frames.len() - before) as u64;
+            cs.record(&tables, ts);
+            cs.last_ts = ts;
+            commits.push(Pending { ts, tables, durability: req.durability, waiter });
+        }
         if cs.recent_len > cs.trim_at {
             cs.trim(&self.registry, &self.visible_ts);
         }
-        cs.queue.push(Pending { ts, tables, durability: req.durability, waiter: Arc::clone(&waiter) });
-        if cs.leader_active {
-            drop(cs);
-            match waiter.wait() {
-                Slot::Lead => {
-                    let cs = self.commit.lock();
-                    self.lead(cs);
-                }
-                Slot::Done(r) => return r.map(|()| ts).map_err(Error::Poisoned),
-                Slot::Waiting => unreachable!("wait returns only when the slot is set"),
-            }
-        } else {
-            cs.leader_active = true;
-            self.lead(cs);
+        if commits.is_empty() {
+            return None;
         }
-        match waiter.wait() {
-            Slot::Done(r) => r.map(|()| ts).map_err(Error::Poisoned),
-            _ => Err(Error::Poisoned("group commit lost track of a commit".into())),
+        let seq = cs.next_batch;
+        cs.next_batch += 1;
+        Some(Batch { seq, commits, frames, first_lsn })
+    }
+
+    /// Gives up leadership. If work is queued, wakes its first committer to try to lead; any
+    /// committer that arrives first (or this one, after publishing) may lead instead. So
+    /// whenever leadership drops with work queued, someone is on the way to lead it.
+    fn release_gather(&self) {
+        let mut g = self.pipeline.gather.lock();
+        g.leader_active = false;
+        if let Some(next) = g.pending.first() {
+            next.waiter.set(Slot::TryLead);
         }
     }
 
-    /// Leads one batch: everything queued now. The caller's own commit is in it.
-    fn lead(&self, mut cs: MutexGuard<'_, CommitState>) {
-        let delay = self.options.commit_delay;
-        if !delay.is_zero() {
-            MutexGuard::unlocked(&mut cs, || std::thread::sleep(delay));
-        }
-        let batch = std::mem::take(&mut cs.queue);
-        let spare = std::mem::take(&mut cs.spare);
-        let bytes = std::mem::replace(&mut cs.queue_bytes, spare);
-        let first_lsn = cs.queue_first_lsn;
-        drop(cs);
-
-        let result = if self.is_poisoned.load(Ordering::Acquire) {
-            Err(self.poisoned.lock().clone().unwrap_or_default())
-        } else {
-            self.write_batch(&batch, &bytes, first_lsn)
-        };
-        if result.is_ok() {
-            self.apply_batch(&batch);
-        }
-        let mut cs = self.commit.lock();
-        let mut bytes = bytes;
-        bytes.clear();
-        cs.spare = bytes;
-        for p in &batch {
-            p.waiter.set(Slot::Done(result.clone()));
-        }
-        match cs.queue.first() {
-            Some(next) => next.waiter.set(Slot::Lead),
-            None => cs.leader_active = false,
-        }
-    }
-
-    /// One write for the batch, and one fdatasync if any commit in it asks for `sync`.
-    fn write_batch(&self, batch: &[Pending], bytes: &[u8], first_lsn: u64) -> std::result::Result<(), String> {
-        let last_ts = batch.last().map_or(0, |p| p.ts);
-        let needs_sync = batch.iter().any(|p| p.durability.needs_sync());
+    /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.
+    fn write_frames(&self, frames: &[u8], first_lsn: u64, last_ts: u64) -> std::result::Result<(Arc<dyn crate::fs::FileHandle>, u64, std::path::PathBuf), String> {
         let mut wal = self.wal.lock();
-        let res = wal.append(bytes, first_lsn, last_ts).and_then(|()| {
-            if needs_sync {
-                let end = wal.end_lsn();
-                wal.sync()?;
-                self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
-                self.durable_lsn.fetch_max(end, Ordering::AcqRel);
-            } else {
-                // A roll inside `append` synced the sealed segment.
-                self.durable_lsn.fetch_max(wal.current().start_lsn, Ordering::AcqRel);
-            }
-            Ok(())
-        });
-        drop(wal);
-        if let Err(e) = res {
+        if self.is_poisoned.load(Ordering::Acquire) {
+            return Err(self.poisoned.lock().clone().unwrap_or_default());
+        }
+        if let Err(e) = wal.append(frames, first_lsn, last_ts) {
             let why = e.to_string();
             self.poison(why.clone());
             return Err(why);
         }
+        // A roll inside `append` synced the sealed segment.
+        self.durable_lsn.fetch_max(wal.current().start_lsn, Ordering::AcqRel);
+        self.counters.wal_bytes_since_checkpoint.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        Ok((wal.file(), wal.end_lsn(), wal.current().path.clone()))
+    }
+
+    /// Counters and the periodic-durability schedule, once a batch is written (and synced).
+    fn after_write(&self, batch: &Batch, synced: bool) -> std::result::Result<(), String> {
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
-        self.counters.commits.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.counters.wal_bytes_since_checkpoint.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        let periodic = batch.iter().filter_map(|p| match p.durability {
+        self.counters.commits.fetch_add(batch.commits.len() as u64, Ordering::Relaxed);
+        if synced {
+            return Ok(());
+        }
+        let periodic = batch.commits.iter().filter_map(|p| match p.durability {
             Durability::Periodic(d) => Some(d),
             _ => None,
         });
-        if let Some(interval) = periodic.min() {
-            if !needs_sync {
-                if self.options.background_threads {
-                    self.schedule.request(Instant::now() + interval);
-                } else {
-                    // No background worker: sync inline once the oldest unsynced commit's
-                    // interval is up.
-                    let mut d = self.schedule.deadline.lock();
-                    let by = *d.get_or_insert(Instant::now() + interval);
-                    if by <= Instant::now() {
-                        *d = None;
-                        drop(d);
-                        self.sync_wal().map_err(|e| e.to_string())?;
-                    }
-                }
-            }
+        let Some(interval) = periodic.min() else { return Ok(()) };
+        if self.options.background_threads {
+            self.schedule.request(Instant::now() + interval);
+            return Ok(());
+        }
+        // No background worker: sync inline once the oldest unsynced commit's interval is up.
+        let mut d = self.schedule.deadline.lock();
+        let by = *d.get_or_insert(Instant::now() + interval);
+        if by <= Instant::now() {
+            *d = None;
+            drop(d);
+            self.sync_wal().map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// Marks a batch ready and publishes every ready batch in sequence order: applies it (or
+    /// fails it, when it or an earlier batch failed), advances the visible timestamp and wakes
+    /// its committers. Whoever finds the next batch ready publishes it, so no thread ever waits
+    /// for a particular other thread to be scheduled.
+    fn publish(&self, batch: Batch, result: std::result::Result<(), String>) {
+        let mut done: Vec<Ready> = Vec::new();
+        {
+            let mut p = self.pipeline.publish.lock();
+            p.ready.insert(batch.seq, Ready { commits: batch.commits, result });
+            loop {
+                let next = p.next_batch;
+                let Some(mut ready) = p.ready.remove(&next) else { break };
+                ready.result = match (&p.failed, ready.result) {
+                    (Some(why), _) => Err(why.clone()),
+                    (None, Err(why)) => {
+                        p.failed = Some(why.clone());
+                        Err(why)
+                    }
+                    (None, Ok(())) => Ok(()),
+                };
+                if ready.result.is_ok() {
+                    self.apply_batch(&ready.commits);
+                }
+                p.next_batch += 1;
+                done.push(ready);
+            }
+        }
+        for ready in done {
+            for c in &ready.commits {
+                let outcome = match &ready.result {
+                    Ok(()) => Outcome::Committed(c.ts),
+                    Err(why) => Outcome::Failed(why.clone()),
+                };
+                c.waiter.set(Slot::Done(outcome));
+            }
+        }
     }
 
     /// Applies a durable batch to the index in timestamp order, then publishes it.
