@@ -374,6 +374,12 @@ impl Inner {
         }
     }
 
+    /// Validates a transaction without writes (a serializable reader) against every commit
+    /// sequenced so far. Never touches the WAL.
+    pub(crate) fn validate_read_only(&self, req: &CommitRequest) -> Result<()> {
+        self.commit.lock().validate(req)
+    }
+
     /// Takes leadership if nobody holds it and work is queued.
     fn try_take_leadership(&self) -> bool {
         let mut g = self.pipeline.gather.lock();

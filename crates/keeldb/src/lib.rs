@@ -47,5 +47,10 @@ pub use recovery::RecoveryReport;
 pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, WriteTxn};
 pub use verify::{verify, VerifyReport};
 
+/// The README's example, compiled and run as a doctest so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExample;
+
 /// The on-disk format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;

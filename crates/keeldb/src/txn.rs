@@ -363,11 +363,15 @@ impl WriteTxn {
     pub fn commit(self) -> Result<CommitInfo> {
         let WriteTxn { snap, durability, isolation, tables, reads, bytes } = self;
         let dirty = tables.values().any(|t| t.dropped || !t.writes.is_empty());
-        if !dirty && (isolation == Isolation::Snapshot || reads.is_empty()) {
+        let request = CommitRequest { start_ts: snap.ts, durability, isolation, tables, reads, bytes };
+        if !dirty {
+            // Nothing to log. A serializable reader still checks that what it read is unchanged.
             snap.db.check_open()?;
+            if isolation == Isolation::Serializable && !request.reads.is_empty() {
+                snap.db.validate_read_only(&request)?;
+            }
             return Ok(CommitInfo { ts: snap.ts });
         }
-        let request = CommitRequest { start_ts: snap.ts, durability, isolation, tables, reads, bytes };
         let ts = snap.db.commit(request)?;
         Ok(CommitInfo { ts })
     }

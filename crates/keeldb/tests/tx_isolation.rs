@@ -172,3 +172,23 @@ fn readers_never_see_a_partial_commit() {
         });
     });
 }
+
+#[test]
+fn serializable_read_only_transactions_validate_without_logging() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    put(&db, "t", b"k", b"1");
+    let o = TxnOptions { isolation: Some(Isolation::Serializable), ..Default::default() };
+    let before = db.stats();
+    // Unchanged reads: commits, and nothing reaches the WAL.
+    let mut r = db.begin_write_with(o).unwrap();
+    assert_eq!(r.get("t", b"k").unwrap().as_deref(), Some(&b"1"[..]));
+    r.commit().unwrap();
+    let after = db.stats();
+    assert_eq!((before.wal_bytes, before.commits), (after.wal_bytes, after.commits));
+    // A concurrent change to what it read: conflict.
+    let mut r = db.begin_write_with(o).unwrap();
+    r.get("t", b"k").unwrap();
+    put(&db, "t", b"k", b"2");
+    assert!(matches!(r.commit(), Err(Error::Conflict(_))));
+}
