@@ -29,6 +29,17 @@ use crate::wal::{self, WalWriter};
 pub(crate) const IDENTITY_FILE: &str = "KEELDB";
 const IDENTITY_MAGIC: &[u8; 8] = b"KEELDB\0\0";
 const LOCK_FILE: &str = "LOCK";
+/// Tables whose names start with this prefix are the engine's own; `tables()` hides them.
+pub const RESERVED_TABLE_PREFIX: &str = "__keeldb/";
+const IDS_TABLE: &str = "__keeldb/ids";
+const ID_BLOCK: u64 = 4096;
+
+/// The unused part of the id block reserved by this handle.
+#[derive(Debug, Default)]
+pub(crate) struct IdBlock {
+    next: u64,
+    end: u64,
+}
 
 /// Per-transaction overrides of the database defaults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,6 +160,7 @@ pub(crate) struct Inner {
     pub checkpoint_running: AtomicBool,
     pub recovery: RecoveryReport,
     pub worker: Mutex<Option<JoinHandle<()>>>,
+    pub ids: Mutex<IdBlock>,
     pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
 }
 
@@ -218,6 +230,10 @@ fn create_store(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()> {
 }
 
 impl Database {
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Database {
+        Database { inner }
+    }
+
     /// Opens the store at `path`, creating the directory and an empty store if absent.
     /// Recovers from the newest valid checkpoint and the WAL; see [`Database::recovery_report`].
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Database> {
@@ -263,6 +279,7 @@ impl Database {
             checkpoint_running: AtomicBool::new(false),
             recovery: rec.report,
             worker: Mutex::new(None),
+            ids: Mutex::new(IdBlock::default()),
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
@@ -324,6 +341,41 @@ impl Database {
                     backoff(attempt);
                 }
                 other => return other,
+            }
+        }
+    }
+
+    /// A new unique, non-zero 64-bit id (for example for graph nodes), never returned before by
+    /// this store, across reopens and crashes. Ids come from blocks of 4096 reserved by a small
+    /// transaction of their own, so transactions that use ids never conflict on an allocator
+    /// key. Ids are increasing within a handle; ids of a block not used before a crash are
+    /// skipped. The reservation commits before any transaction can use its ids, so by the
+    /// prefix guarantee a recovered commit never holds an id whose reservation was lost.
+    pub fn next_id(&self) -> Result<u64> {
+        loop {
+            {
+                let mut ids = self.inner.ids.lock();
+                if ids.next < ids.end {
+                    let id = ids.next;
+                    ids.next += 1;
+                    return Ok(id);
+                }
+            }
+            let start = self.transact(|tx| {
+                let current = match tx.get(IDS_TABLE, b"next")? {
+                    Some(v) => u64::from_le_bytes(v.as_slice().try_into().map_err(|_| {
+                        Error::corruption(&self.inner.path, 0, "id allocator record is not 8 bytes")
+                    })?),
+                    None => 1,
+                };
+                let end = current.checked_add(ID_BLOCK).ok_or_else(|| Error::InvalidArgument("ids exhausted".into()))?;
+                tx.put(IDS_TABLE, b"next", &end.to_le_bytes())?;
+                Ok(current)
+            })?;
+            let mut ids = self.inner.ids.lock();
+            if ids.next >= ids.end {
+                ids.next = start;
+                ids.end = start + ID_BLOCK;
             }
         }
     }

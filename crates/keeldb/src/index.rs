@@ -432,10 +432,14 @@ impl Catalog {
         self.by_id.insert(table.id, table);
     }
 
-    /// Names of the tables visible at `snapshot`, sorted.
+    /// Names of the user tables visible at `snapshot`, sorted (the engine's own are hidden).
     pub fn names_at(&self, snapshot: u64) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.by_id.values().filter(|t| t.visible_at(snapshot)).map(|t| t.name.to_string()).collect();
+        let mut names: Vec<String> = self
+            .by_id
+            .values()
+            .filter(|t| t.visible_at(snapshot) && !t.name.starts_with(crate::db::RESERVED_TABLE_PREFIX))
+            .map(|t| t.name.to_string())
+            .collect();
         names.sort();
         names
     }

@@ -37,7 +37,7 @@ mod txn;
 mod verify;
 mod wal;
 
-pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions};
+pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
 pub use options::{

@@ -171,6 +171,11 @@ impl ReadTxn {
         self.snap.ts
     }
 
+    /// The database this transaction belongs to.
+    pub fn database(&self) -> crate::Database {
+        crate::Database::from_inner(std::sync::Arc::clone(&self.snap.db))
+    }
+
     /// The value of `key` in `table`, if present.
     pub fn get(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_table_name(table)?;
@@ -236,6 +241,11 @@ impl WriteTxn {
     /// The snapshot timestamp this transaction reads at.
     pub fn snapshot_ts(&self) -> u64 {
         self.snap.ts
+    }
+
+    /// The database this transaction belongs to.
+    pub fn database(&self) -> crate::Database {
+        crate::Database::from_inner(std::sync::Arc::clone(&self.snap.db))
     }
 
     fn table_entry(&mut self, table: &str) -> &mut TableWrites {
