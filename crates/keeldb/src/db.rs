@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::checkpoint::CheckpointWriter;
+use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
@@ -42,12 +43,81 @@ pub(crate) struct IdBlock {
 }
 
 /// Per-transaction overrides of the database defaults.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TxnOptions {
     /// Durability for this transaction's commit.
     pub durability: Option<Durability>,
     /// Isolation for this transaction.
     pub isolation: Option<Isolation>,
+    /// A label (tenant, client, job) under which the database totals this transaction's CPU
+    /// and latency; see [`Stats::accounting`].
+    pub tag: Option<Arc<str>>,
+    /// CPU time the transaction may use; past it, the operation that notices fails with
+    /// [`Error::CpuBudgetExceeded`] and the transaction is rolled back. Overrides
+    /// `Options::cpu_budget`.
+    pub cpu_budget: Option<Duration>,
+    /// Wall-clock time the transaction may run; past it, operations fail with
+    /// [`Error::Timeout`]. Overrides `Options::txn_timeout`.
+    pub timeout: Option<Duration>,
+}
+
+impl TxnOptions {
+    /// Options that only set a tag.
+    pub fn tagged(tag: &str) -> TxnOptions {
+        TxnOptions { tag: Some(Arc::from(tag)), ..TxnOptions::default() }
+    }
+}
+
+/// Most distinct tags tracked; further tags are totalled under `"(other)"`.
+const MAX_TAGS: usize = 10_000;
+
+/// Per-tag accounting of finished transactions.
+#[derive(Debug, Default)]
+pub(crate) struct Accounting {
+    untagged: TagStats,
+    tagged: crate::index::FastMap<Arc<str>, TagStats>,
+}
+
+/// How a transaction ended, for accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    Committed,
+    RolledBack,
+    Tripped(crate::cpu::Tripped),
+}
+
+impl Accounting {
+    pub fn record(&mut self, tag: Option<&Arc<str>>, cpu: Duration, wall: Duration, ending: Ending) {
+        let stats = match tag {
+            None => &mut self.untagged,
+            Some(t) => {
+                let key = if self.tagged.len() >= MAX_TAGS && !self.tagged.contains_key(t) { Arc::from("(other)") } else { Arc::clone(t) };
+                self.tagged.entry(key).or_insert_with_key(|k| TagStats { tag: Some(k.to_string()), ..TagStats::default() })
+            }
+        };
+        stats.transactions += 1;
+        match ending {
+            Ending::Committed => stats.commits += 1,
+            Ending::RolledBack => {}
+            Ending::Tripped(crate::cpu::Tripped::Cpu { .. }) => stats.cpu_budget_aborts += 1,
+            Ending::Tripped(crate::cpu::Tripped::Timeout { .. }) => stats.timeouts += 1,
+        }
+        stats.cpu_time += cpu;
+        stats.wall_time += wall;
+        stats.cpu_histogram.record(cpu);
+        stats.latency_histogram.record(wall);
+    }
+
+    fn snapshot(&self) -> Vec<TagStats> {
+        let mut out = Vec::with_capacity(self.tagged.len() + 1);
+        if self.untagged.transactions > 0 {
+            out.push(self.untagged.clone());
+        }
+        let mut tagged: Vec<TagStats> = self.tagged.values().cloned().collect();
+        tagged.sort_by(|a, b| b.cpu_time.cmp(&a.cpu_time));
+        out.extend(tagged);
+        out
+    }
 }
 
 /// What a checkpoint wrote.
@@ -101,6 +171,11 @@ pub struct Stats {
     pub digest: StateDigest,
     /// The recovery report from open.
     pub recovery: RecoveryReport,
+    /// CPU and latency totals and histograms of finished transactions: untagged first, then
+    /// one entry per tag, most CPU first.
+    pub accounting: Vec<TagStats>,
+    /// Whether CPU times are measured with a thread CPU clock (otherwise wall time stands in).
+    pub thread_cpu_clock: bool,
 }
 
 #[derive(Debug, Default)]
@@ -161,6 +236,7 @@ pub(crate) struct Inner {
     pub recovery: RecoveryReport,
     pub worker: Mutex<Option<JoinHandle<()>>>,
     pub ids: Mutex<IdBlock>,
+    pub accounting: Mutex<Accounting>,
     pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
 }
 
@@ -280,6 +356,7 @@ impl Database {
             recovery: rec.report,
             worker: Mutex::new(None),
             ids: Mutex::new(IdBlock::default()),
+            accounting: Mutex::new(Accounting::default()),
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
@@ -302,7 +379,18 @@ impl Database {
 
     /// Starts a read-only transaction at the newest visible commit.
     pub fn begin_read(&self) -> Result<ReadTxn> {
-        Ok(ReadTxn::new(Snapshot::take(&self.inner)?))
+        self.begin_read_with(TxnOptions::default())
+    }
+
+    /// Starts a read-only transaction with a tag, CPU budget or timeout (durability and
+    /// isolation do not apply to reads).
+    pub fn begin_read_with(&self, opts: TxnOptions) -> Result<ReadTxn> {
+        let (budget, timeout) = self.limits(&opts);
+        Ok(ReadTxn::new(Snapshot::take(&self.inner)?, opts.tag, budget, timeout))
+    }
+
+    fn limits(&self, opts: &TxnOptions) -> (Option<Duration>, Option<Duration>) {
+        (opts.cpu_budget.or(self.inner.options.cpu_budget), opts.timeout.or(self.inner.options.txn_timeout))
     }
 
     /// Starts a write transaction with the database's default durability and isolation.
@@ -319,7 +407,8 @@ impl Database {
             }
         }
         let isolation = opts.isolation.unwrap_or(self.inner.options.isolation);
-        Ok(WriteTxn::new(Snapshot::take(&self.inner)?, durability, isolation))
+        let (budget, timeout) = self.limits(&opts);
+        Ok(WriteTxn::new(Snapshot::take(&self.inner)?, durability, isolation, opts.tag, budget, timeout))
     }
 
     /// Runs `f` in a write transaction and commits, retrying on [`Error::Conflict`] with a short
@@ -332,7 +421,7 @@ impl Database {
     pub fn transact_with<T>(&self, opts: TxnOptions, mut f: impl FnMut(&mut WriteTxn) -> Result<T>) -> Result<T> {
         let mut attempt: u32 = 0;
         loop {
-            let mut tx = self.begin_write_with(opts)?;
+            let mut tx = self.begin_write_with(opts.clone())?;
             let out = f(&mut tx);
             let result = out.and_then(|value| tx.commit().map(|_| value));
             match result {
@@ -576,6 +665,8 @@ impl Inner {
             wal_syncs: self.counters.wal_syncs.load(Ordering::Relaxed),
             digest: *self.digest.lock(),
             recovery: self.recovery.clone(),
+            accounting: self.accounting.lock().snapshot(),
+            thread_cpu_clock: crate::cpu::thread_cpu_supported(),
         }
     }
 

@@ -88,6 +88,23 @@ pub enum Error {
     /// The database was closed.
     #[error("database is closed")]
     Closed,
+    /// The transaction used more CPU time than its budget. It was rolled back; other
+    /// transactions are unaffected.
+    #[error("transaction exceeded its CPU budget: used {used:?} of {budget:?}; it was rolled back")]
+    CpuBudgetExceeded {
+        /// CPU time used when the budget check tripped.
+        used: std::time::Duration,
+        /// The budget.
+        budget: std::time::Duration,
+    },
+    /// The transaction ran longer (wall clock) than its timeout. It was rolled back.
+    #[error("transaction timed out after {elapsed:?} (timeout {timeout:?}); it was rolled back")]
+    Timeout {
+        /// Wall time when the check tripped.
+        elapsed: std::time::Duration,
+        /// The timeout.
+        timeout: std::time::Duration,
+    },
     /// The transaction was already committed or rolled back.
     #[error("transaction is no longer active")]
     TransactionDone,

@@ -24,6 +24,7 @@
 
 mod checkpoint;
 mod codec;
+mod cpu;
 mod db;
 mod digest;
 mod error;
@@ -38,13 +39,14 @@ mod verify;
 mod wal;
 
 pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
+pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
 pub use options::{
     Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES,
 };
 pub use recovery::RecoveryReport;
-pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, WriteTxn};
+pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
 pub use verify::{verify, VerifyReport};
 
 /// The README's example, compiled and run as a doctest so it cannot drift from the API.

@@ -87,6 +87,10 @@ pub struct Options {
     pub max_txn_bytes: usize,
     /// The file system. Tests swap in a simulated one.
     pub fs: Arc<dyn FileSystem>,
+    /// Default CPU budget for every transaction (`None`: unlimited). See `TxnOptions::cpu_budget`.
+    pub cpu_budget: Option<Duration>,
+    /// Default wall-clock timeout for every transaction (`None`: unlimited).
+    pub txn_timeout: Option<Duration>,
     /// Whether to start background threads (periodic fsync, checkpoints, version GC).
     /// Turning this off is for deterministic tests; periodic durability then syncs inline.
     pub background_threads: bool,
@@ -102,6 +106,8 @@ impl Default for Options {
             commit_delay: Duration::ZERO,
             max_txn_bytes: 1 << 30,
             fs: Arc::new(StdFs),
+            cpu_budget: None,
+            txn_timeout: None,
             background_threads: true,
         }
     }

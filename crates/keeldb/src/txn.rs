@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use crate::db::Inner;
+use crate::cpu::MeterCell;
+use crate::db::{Ending, Inner};
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
@@ -22,6 +23,53 @@ const SCAN_CHUNK: usize = 256;
 pub struct CommitInfo {
     /// The commit timestamp. Transactions without writes report their snapshot timestamp.
     pub ts: u64,
+    /// CPU time the transaction used, from begin to the end of its commit (see
+    /// `docs/GUARANTEES.md` on how short transactions are measured).
+    pub cpu_time: std::time::Duration,
+    /// Wall time from begin to the end of its commit.
+    pub wall_time: std::time::Duration,
+}
+
+/// What a transaction has used so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnStats {
+    /// CPU time so far (an upper bound, its wall time, while under 50 µs).
+    pub cpu_time: std::time::Duration,
+    /// Wall time so far.
+    pub wall_time: std::time::Duration,
+}
+
+/// Accounting that rides along with a transaction and is recorded when it ends.
+#[derive(Debug)]
+pub(crate) struct Accounted {
+    pub meter: MeterCell,
+    pub tag: Option<Arc<str>>,
+    pub recorded: bool,
+}
+
+impl Accounted {
+    fn new(tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Accounted {
+        Accounted { meter: MeterCell::new(budget, timeout), tag, recorded: false }
+    }
+
+    fn finish(&mut self, db: &Inner, ending: Ending) -> (std::time::Duration, std::time::Duration) {
+        if self.recorded {
+            return (std::time::Duration::ZERO, std::time::Duration::ZERO);
+        }
+        self.recorded = true;
+        let (cpu, wall) = self.meter.finish();
+        let ending = match self.meter.tripped() {
+            Some(t) => Ending::Tripped(t),
+            None => ending,
+        };
+        db.accounting.lock().record(self.tag.as_ref(), cpu, wall, ending);
+        (cpu, wall)
+    }
+
+    fn stats(&self) -> TxnStats {
+        let (cpu_time, wall_time) = self.meter.finish();
+        TxnStats { cpu_time, wall_time }
+    }
 }
 
 /// Bounds for a range scan: an optional inclusive start, exclusive end and prefix (all must
@@ -155,15 +203,28 @@ impl Drop for Snapshot {
     }
 }
 
-/// A read-only transaction over one snapshot. Never blocks writers and never aborts.
+/// A read-only transaction over one snapshot. Never blocks writers and never aborts (unless
+/// it has a CPU budget or timeout and exceeds it).
 #[derive(Debug)]
 pub struct ReadTxn {
     snap: Snapshot,
+    acct: Accounted,
+}
+
+impl Drop for ReadTxn {
+    fn drop(&mut self) {
+        self.acct.finish(&self.snap.db, Ending::RolledBack);
+    }
 }
 
 impl ReadTxn {
-    pub(crate) fn new(snap: Snapshot) -> Self {
-        ReadTxn { snap }
+    pub(crate) fn new(snap: Snapshot, tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Self {
+        ReadTxn { snap, acct: Accounted::new(tag, budget, timeout) }
+    }
+
+    /// CPU and wall time used so far.
+    pub fn stats(&self) -> TxnStats {
+        self.acct.stats()
     }
 
     /// The commit timestamp this transaction reads at.
@@ -180,13 +241,15 @@ impl ReadTxn {
     pub fn get(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_table_name(table)?;
         check_key(key)?;
+        self.acct.meter.check()?;
         Ok(self.snap.get(table, key))
     }
 
     /// Entries of `table` within `range`, in key order (or reverse).
     pub fn scan(&self, table: &str, range: ScanRange) -> Result<Scan<'_>> {
         check_table_name(table)?;
-        Ok(Scan::new(&self.snap, table, &range, Vec::new(), false))
+        self.acct.meter.check()?;
+        Ok(Scan::new(&self.snap, &self.acct.meter, table, &range, Vec::new(), false))
     }
 
     /// Names of the tables that exist in this snapshot.
@@ -231,11 +294,51 @@ pub struct WriteTxn {
     tables: BTreeMap<Arc<str>, TableWrites>,
     reads: Vec<(Arc<str>, ReadItem)>,
     bytes: usize,
+    acct: Accounted,
+}
+
+impl Drop for WriteTxn {
+    fn drop(&mut self) {
+        self.acct.finish(&self.snap.db, Ending::RolledBack);
+    }
 }
 
 impl WriteTxn {
-    pub(crate) fn new(snap: Snapshot, durability: Durability, isolation: Isolation) -> Self {
-        WriteTxn { snap, durability, isolation, tables: BTreeMap::new(), reads: Vec::new(), bytes: 0 }
+    pub(crate) fn new(
+        snap: Snapshot,
+        durability: Durability,
+        isolation: Isolation,
+        tag: Option<Arc<str>>,
+        budget: Option<std::time::Duration>,
+        timeout: Option<std::time::Duration>,
+    ) -> Self {
+        WriteTxn {
+            snap,
+            durability,
+            isolation,
+            tables: BTreeMap::new(),
+            reads: Vec::new(),
+            bytes: 0,
+            acct: Accounted::new(tag, budget, timeout),
+        }
+    }
+
+    /// CPU and wall time used so far.
+    pub fn stats(&self) -> TxnStats {
+        self.acct.stats()
+    }
+
+    /// Checks the budget and timeout; once either trips, the writes are discarded and every
+    /// later operation (and the commit) fails the same way.
+    fn meter(&mut self) -> Result<()> {
+        match self.acct.meter.check() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.tables.clear();
+                self.reads.clear();
+                Err(e)
+            }
+        }
     }
 
     /// The snapshot timestamp this transaction reads at.
@@ -276,6 +379,7 @@ impl WriteTxn {
     pub fn put(&mut self, table: &str, key: &[u8], value: &[u8]) -> Result<()> {
         check_table_name(table)?;
         check_key(key)?;
+        self.meter()?;
         if value.len() > MAX_VALUE_BYTES {
             return Err(Error::LimitExceeded { what: "value", actual: value.len(), limit: MAX_VALUE_BYTES });
         }
@@ -288,6 +392,7 @@ impl WriteTxn {
     pub fn delete(&mut self, table: &str, key: &[u8]) -> Result<()> {
         check_table_name(table)?;
         check_key(key)?;
+        self.meter()?;
         self.add_bytes(key.len() + 16)?;
         self.table_entry(table).writes.insert(key.to_vec(), None);
         Ok(())
@@ -297,6 +402,7 @@ impl WriteTxn {
     /// Later writes in this transaction create it anew.
     pub fn drop_table(&mut self, table: &str) -> Result<bool> {
         check_table_name(table)?;
+        self.meter()?;
         let existed_before = self.snap.tables().iter().any(|t| t == table);
         let entry = self.table_entry(table);
         let has_writes = entry.writes.values().any(Option::is_some);
@@ -310,6 +416,7 @@ impl WriteTxn {
     pub fn get(&mut self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_table_name(table)?;
         check_key(key)?;
+        self.meter()?;
         if let Some(tw) = self.tables.get(table) {
             if let Some(w) = tw.writes.get(key) {
                 return Ok(w.clone());
@@ -325,6 +432,7 @@ impl WriteTxn {
     /// Entries within `range`, merging this transaction's writes over its snapshot.
     pub fn scan(&mut self, table: &str, range: ScanRange) -> Result<Scan<'_>> {
         check_table_name(table)?;
+        self.meter()?;
         let resolved = range.resolve();
         let (overlay, hide_base) = match self.tables.get(table) {
             Some(tw) => {
@@ -345,7 +453,7 @@ impl WriteTxn {
         if !hide_base {
             self.record_read(table, ReadItem::Range(resolved));
         }
-        Ok(Scan::new(&self.snap, table, &range, overlay, hide_base))
+        Ok(Scan::new(&self.snap, &self.acct.meter, table, &range, overlay, hide_base))
     }
 
     /// Tables visible to this transaction, including ones it created and excluding dropped ones.
@@ -369,21 +477,38 @@ impl WriteTxn {
     }
 
     /// Commits. Returns the commit timestamp, or `Conflict` (nothing written; retry), or an
-    /// error that says why the commit could not be made durable.
-    pub fn commit(self) -> Result<CommitInfo> {
-        let WriteTxn { snap, durability, isolation, tables, reads, bytes } = self;
-        let dirty = tables.values().any(|t| t.dropped || !t.writes.is_empty());
-        let request = CommitRequest { start_ts: snap.ts, durability, isolation, tables, reads, bytes };
-        if !dirty {
-            // Nothing to log. A serializable reader still checks that what it read is unchanged.
-            snap.db.check_open()?;
-            if isolation == Isolation::Serializable && !request.reads.is_empty() {
-                snap.db.validate_read_only(&request)?;
-            }
-            return Ok(CommitInfo { ts: snap.ts });
+    /// error that says why the commit could not be made durable. A transaction stopped by its
+    /// CPU budget or timeout fails here too, with nothing written.
+    pub fn commit(mut self) -> Result<CommitInfo> {
+        if let Some(t) = self.acct.meter.tripped() {
+            return Err(t.error());
         }
-        let ts = snap.db.commit(request)?;
-        Ok(CommitInfo { ts })
+        self.acct.meter.check()?;
+        let tables = std::mem::take(&mut self.tables);
+        let reads = std::mem::take(&mut self.reads);
+        let dirty = tables.values().any(|t| t.dropped || !t.writes.is_empty());
+        let request = CommitRequest {
+            start_ts: self.snap.ts,
+            durability: self.durability,
+            isolation: self.isolation,
+            tables,
+            reads,
+            bytes: self.bytes,
+        };
+        let result = if dirty {
+            self.snap.db.commit(request)
+        } else {
+            // Nothing to log. A serializable reader still checks that what it read is unchanged.
+            self.snap.db.check_open().and_then(|()| {
+                if self.isolation == Isolation::Serializable && !request.reads.is_empty() {
+                    self.snap.db.validate_read_only(&request)?;
+                }
+                Ok(self.snap.ts)
+            })
+        };
+        let ending = if result.is_ok() { Ending::Committed } else { Ending::RolledBack };
+        let (cpu_time, wall_time) = self.acct.finish(&self.snap.db, ending);
+        result.map(|ts| CommitInfo { ts, cpu_time, wall_time })
     }
 
     /// Discards the transaction's writes.
@@ -394,12 +519,15 @@ impl WriteTxn {
 /// so that a long-lived iterator never holds a lock.
 pub struct Scan<'a> {
     snap: &'a Snapshot,
+    meter: &'a MeterCell,
     table: String,
     range: KeyRange,
     reverse: bool,
     base: VecDeque<(Vec<u8>, Vec<u8>)>,
     base_more: bool,
     overlay: VecDeque<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Set after an error was returned: the iteration is over.
+    failed: bool,
 }
 
 impl std::fmt::Debug for Scan<'_> {
@@ -409,17 +537,26 @@ impl std::fmt::Debug for Scan<'_> {
 }
 
 impl<'a> Scan<'a> {
-    fn new(snap: &'a Snapshot, table: &str, range: &ScanRange, overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>, hide_base: bool) -> Self {
+    fn new(
+        snap: &'a Snapshot,
+        meter: &'a MeterCell,
+        table: &str,
+        range: &ScanRange,
+        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        hide_base: bool,
+    ) -> Self {
         let resolved = range.resolve();
         let base_more = !hide_base && !resolved.is_empty();
         Scan {
             snap,
+            meter,
             table: table.to_owned(),
             range: resolved,
             reverse: range.is_reverse(),
             base: VecDeque::new(),
             base_more,
             overlay: overlay.into(),
+            failed: false,
         }
     }
 
@@ -453,6 +590,14 @@ impl Iterator for Scan<'_> {
     type Item = Result<(Vec<u8>, Vec<u8>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if let Err(e) = self.meter.check() {
+            // The transaction is over: report it once, then end the iteration.
+            self.failed = true;
+            return Some(Err(e));
+        }
         loop {
             self.refill();
             let take_overlay = match (self.base.front(), self.overlay.front()) {

@@ -66,8 +66,8 @@ fn write_skew(isolation: Isolation) -> (Result<u64, Error>, Result<u64, Error>, 
     put(&db, "oncall", b"alice", b"1");
     put(&db, "oncall", b"bob", b"1");
     let o = TxnOptions { isolation: Some(isolation), ..Default::default() };
-    let mut a = db.begin_write_with(o).unwrap();
-    let mut b = db.begin_write_with(o).unwrap();
+    let mut a = db.begin_write_with(o.clone()).unwrap();
+    let mut b = db.begin_write_with(o.clone()).unwrap();
     let on_a = a.scan("oncall", ScanRange::all()).unwrap().count();
     let on_b = b.scan("oncall", ScanRange::all()).unwrap().count();
     assert_eq!((on_a, on_b), (2, 2));
@@ -99,7 +99,7 @@ fn serializable_point_reads_of_absent_keys_are_validated() {
     let t = TestDir::new();
     let db = open(&t.path());
     let o = TxnOptions { isolation: Some(Isolation::Serializable), ..Default::default() };
-    let mut a = db.begin_write_with(o).unwrap();
+    let mut a = db.begin_write_with(o.clone()).unwrap();
     assert_eq!(a.get("t", b"flag").unwrap(), None);
     put(&db, "t", b"flag", b"set");
     a.put("t", b"other", b"x").unwrap();
@@ -181,13 +181,13 @@ fn serializable_read_only_transactions_validate_without_logging() {
     let o = TxnOptions { isolation: Some(Isolation::Serializable), ..Default::default() };
     let before = db.stats();
     // Unchanged reads: commits, and nothing reaches the WAL.
-    let mut r = db.begin_write_with(o).unwrap();
+    let mut r = db.begin_write_with(o.clone()).unwrap();
     assert_eq!(r.get("t", b"k").unwrap().as_deref(), Some(&b"1"[..]));
     r.commit().unwrap();
     let after = db.stats();
     assert_eq!((before.wal_bytes, before.commits), (after.wal_bytes, after.commits));
     // A concurrent change to what it read: conflict.
-    let mut r = db.begin_write_with(o).unwrap();
+    let mut r = db.begin_write_with(o.clone()).unwrap();
     r.get("t", b"k").unwrap();
     put(&db, "t", b"k", b"2");
     assert!(matches!(r.commit(), Err(Error::Conflict(_))));
