@@ -91,7 +91,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
 fn txn_options(durability: Durability) -> TxnOptions {
     TxnOptions {
         durability: Some(durability),
-        isolation: None,
+        ..TxnOptions::default()
     }
 }
 
