@@ -128,9 +128,43 @@ pub fn stats(path: &Path) -> Result<(), Failure> {
     if stats.tables.is_empty() {
         out.push_str("(no tables)\n");
     }
+    out.push_str(&accounting_table(&stats));
     out.push_str(&format!("\nlast recovery:\n{}\n", stats.recovery));
     print!("{out}");
     close(db)
+}
+
+/// Per-tag CPU and latency totals (cumulative, saved at close and checkpoints).
+fn accounting_table(stats: &keeldb::Stats) -> String {
+    let mut out = String::new();
+    let clock = if stats.thread_cpu_clock { "thread CPU clock" } else { "wall time (no thread CPU clock here)" };
+    out.push_str(&format!("\ntransactions by tag (CPU from the {clock}; p50/p99 are histogram bucket upper bounds):\n"));
+    if stats.accounting.is_empty() {
+        out.push_str("(none recorded)\n");
+        return out;
+    }
+    out.push_str(&format!(
+        "{:<24}  {:>10}  {:>10}  {:>7}  {:>8}  {:>12}  {:>9}  {:>9}  {:>9}  {:>9}\n",
+        "tag", "txns", "commits", "cpu-abt", "timeouts", "cpu total", "cpu p50", "cpu p99", "lat p50", "lat p99"
+    ));
+    for t in &stats.accounting {
+        let tag = t.tag.clone().unwrap_or_else(|| "(untagged)".to_owned());
+        let us = |v: u64| format!("<{v} µs");
+        out.push_str(&format!(
+            "{:<24}  {:>10}  {:>10}  {:>7}  {:>8}  {:>12}  {:>9}  {:>9}  {:>9}  {:>9}\n",
+            tag,
+            t.transactions,
+            t.commits,
+            t.cpu_budget_aborts,
+            t.timeouts,
+            format!("{:.3} ms", t.cpu_time.as_secs_f64() * 1e3),
+            us(t.cpu_histogram.quantile_upper_us(0.5)),
+            us(t.cpu_histogram.quantile_upper_us(0.99)),
+            us(t.latency_histogram.quantile_upper_us(0.5)),
+            us(t.latency_histogram.quantile_upper_us(0.99)),
+        ));
+    }
+    out
 }
 
 /// `keel get`: prints the value; exit 1 when the key is absent.

@@ -87,6 +87,8 @@ pub(crate) struct Meter {
     counted_ns: u64,
     /// Before this instant the budget cannot have been crossed.
     next_read_at: Option<Instant>,
+    /// CPU fixed at the commit request: the log write and fsync wait are not charged.
+    frozen_cpu: Option<Duration>,
 }
 
 impl Meter {
@@ -109,6 +111,7 @@ impl Meter {
             segment,
             counted_ns: 0,
             next_read_at: None,
+            frozen_cpu: None,
         }
     }
 
@@ -177,16 +180,30 @@ impl Meter {
         self.counted_ns + cpu.saturating_sub(seg.base_ns)
     }
 
+    fn cpu_at(&mut self, now: Instant) -> Duration {
+        if let Some(frozen) = self.frozen_cpu {
+            return frozen;
+        }
+        match self.segment {
+            Some(_) => Duration::from_nanos(self.cpu_now_ns(now)),
+            // Never sampled: the transaction was short; its wall time bounds its CPU time.
+            None => now - self.started,
+        }
+    }
+
+    /// Fixes the CPU figure at the commit request, so that time spent waiting for the group's
+    /// write and fdatasync (which uses no CPU of this transaction's) is not charged as CPU.
+    pub fn freeze(&mut self) {
+        let now = Instant::now();
+        let cpu = self.cpu_at(now);
+        self.frozen_cpu = Some(cpu);
+    }
+
     /// Ends the measurement: (CPU time, wall time).
     pub fn finish(&mut self) -> (Duration, Duration) {
         let now = Instant::now();
-        let wall = now - self.started;
-        let cpu = match self.segment {
-            Some(_) => Duration::from_nanos(self.cpu_now_ns(now)),
-            // Never sampled: the transaction was short; its wall time bounds its CPU time.
-            None => wall,
-        };
-        (cpu, wall)
+        let cpu = self.cpu_at(now);
+        (cpu, now - self.started)
     }
 
     /// Operations checked so far.
@@ -267,6 +284,10 @@ impl MeterCell {
 
     pub fn finish(&self) -> (Duration, Duration) {
         self.meter.lock().finish()
+    }
+
+    pub fn freeze(&self) {
+        self.meter.lock().freeze();
     }
 }
 
@@ -398,12 +419,21 @@ mod tests {
 
     #[test]
     fn sleeping_does_not_use_the_budget_but_trips_the_timeout() {
-        let mut m = Meter::start(Some(Duration::from_millis(5)), Some(Duration::from_millis(30)));
+        let timeout = Duration::from_millis(300);
+        let mut m = Meter::start(Some(Duration::from_millis(5)), Some(timeout));
+        let started = Instant::now();
         for _ in 0..2 {
             std::thread::sleep(Duration::from_millis(10));
-            m.check().expect("sleeping uses no CPU");
+            match m.check() {
+                Ok(()) => {}
+                // Only a heavily loaded machine makes two 10 ms sleeps take 300 ms.
+                Err(Error::Timeout { .. }) => assert!(started.elapsed() >= timeout),
+                Err(other) => panic!("sleeping used CPU budget: {other}"),
+            }
         }
-        std::thread::sleep(Duration::from_millis(15));
+        while started.elapsed() < timeout + Duration::from_millis(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(matches!(m.check(), Err(Error::Timeout { .. })));
     }
 

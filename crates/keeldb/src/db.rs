@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::checkpoint::CheckpointWriter;
+use crate::accounting::Accounting;
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
@@ -65,58 +66,6 @@ impl TxnOptions {
     /// Options that only set a tag.
     pub fn tagged(tag: &str) -> TxnOptions {
         TxnOptions { tag: Some(Arc::from(tag)), ..TxnOptions::default() }
-    }
-}
-
-/// Most distinct tags tracked; further tags are totalled under `"(other)"`.
-const MAX_TAGS: usize = 10_000;
-
-/// Per-tag accounting of finished transactions.
-#[derive(Debug, Default)]
-pub(crate) struct Accounting {
-    untagged: TagStats,
-    tagged: crate::index::FastMap<Arc<str>, TagStats>,
-}
-
-/// How a transaction ended, for accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ending {
-    Committed,
-    RolledBack,
-    Tripped(crate::cpu::Tripped),
-}
-
-impl Accounting {
-    pub fn record(&mut self, tag: Option<&Arc<str>>, cpu: Duration, wall: Duration, ending: Ending) {
-        let stats = match tag {
-            None => &mut self.untagged,
-            Some(t) => {
-                let key = if self.tagged.len() >= MAX_TAGS && !self.tagged.contains_key(t) { Arc::from("(other)") } else { Arc::clone(t) };
-                self.tagged.entry(key).or_insert_with_key(|k| TagStats { tag: Some(k.to_string()), ..TagStats::default() })
-            }
-        };
-        stats.transactions += 1;
-        match ending {
-            Ending::Committed => stats.commits += 1,
-            Ending::RolledBack => {}
-            Ending::Tripped(crate::cpu::Tripped::Cpu { .. }) => stats.cpu_budget_aborts += 1,
-            Ending::Tripped(crate::cpu::Tripped::Timeout { .. }) => stats.timeouts += 1,
-        }
-        stats.cpu_time += cpu;
-        stats.wall_time += wall;
-        stats.cpu_histogram.record(cpu);
-        stats.latency_histogram.record(wall);
-    }
-
-    fn snapshot(&self) -> Vec<TagStats> {
-        let mut out = Vec::with_capacity(self.tagged.len() + 1);
-        if self.untagged.transactions > 0 {
-            out.push(self.untagged.clone());
-        }
-        let mut tagged: Vec<TagStats> = self.tagged.values().cloned().collect();
-        tagged.sort_by(|a, b| b.cpu_time.cmp(&a.cpu_time));
-        out.extend(tagged);
-        out
     }
 }
 
@@ -333,6 +282,7 @@ impl Database {
             create_store(&fs, &dir)?;
         }
         let rec = recovery::recover(&fs, &dir, options.wal_segment_bytes.max(4096))?;
+        let (fs_for_acct, dir_for_acct) = (Arc::clone(&fs), dir.clone());
         let end_lsn = rec.wal.end_lsn();
         let commit = CommitState::new(rec.last_ts, end_lsn, &rec.state);
         let inner = Arc::new(Inner {
@@ -356,7 +306,7 @@ impl Database {
             recovery: rec.report,
             worker: Mutex::new(None),
             ids: Mutex::new(IdBlock::default()),
-            accounting: Mutex::new(Accounting::default()),
+            accounting: Mutex::new(Accounting::load(fs_for_acct.as_ref(), &dir_for_acct).unwrap_or_default()),
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
@@ -629,6 +579,7 @@ impl Inner {
             }
         }
         self.fs.sync_dir(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        self.save_accounting();
         Ok(CheckpointInfo { ts: snap, path, bytes, entries, segments_removed })
     }
 
@@ -695,9 +646,16 @@ impl Inner {
             }
         }
         let result = if self.is_poisoned.load(Ordering::Acquire) { Ok(()) } else { self.write_close_mark() };
+        self.save_accounting();
         // Release the directory now, even if transactions or clones still hold this handle.
         self.dir_lock.lock().take();
         result
+    }
+
+    /// Saves the accounting totals; best effort (they are informational).
+    fn save_accounting(&self) {
+        let acct = self.accounting.lock();
+        let _ = acct.save(self.fs.as_ref(), &self.path);
     }
 
     /// Waits for the commit pipeline to drain, then writes a mark frame carrying the digest and
@@ -731,6 +689,7 @@ impl Drop for Inner {
         self.schedule.stop();
         if !self.closed.swap(true, Ordering::AcqRel) && !self.is_poisoned.load(Ordering::Acquire) {
             let _ = self.write_close_mark();
+            self.save_accounting();
         }
     }
 }

@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+mod accounting;
 mod checkpoint;
 mod codec;
 mod cpu;

@@ -10,7 +10,8 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::cpu::MeterCell;
-use crate::db::{Ending, Inner};
+use crate::accounting::Ending;
+use crate::db::Inner;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
@@ -23,8 +24,9 @@ const SCAN_CHUNK: usize = 256;
 pub struct CommitInfo {
     /// The commit timestamp. Transactions without writes report their snapshot timestamp.
     pub ts: u64,
-    /// CPU time the transaction used, from begin to the end of its commit (see
-    /// `docs/GUARANTEES.md` on how short transactions are measured).
+    /// CPU time the transaction used from begin to its commit request (the group's log write
+    /// and fdatasync wait are not charged; see `docs/GUARANTEES.md` on how short transactions
+    /// are measured).
     pub cpu_time: std::time::Duration,
     /// Wall time from begin to the end of its commit.
     pub wall_time: std::time::Duration,
@@ -495,6 +497,7 @@ impl WriteTxn {
             reads,
             bytes: self.bytes,
         };
+        self.acct.meter.freeze();
         let result = if dirty {
             self.snap.db.commit(request)
         } else {
