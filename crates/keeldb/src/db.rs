@@ -207,7 +207,9 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
     if !fs.exists(&ident).map_err(|e| Error::io(&ident, e))? {
         let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
         // A crash during creation can leave the lock and an empty first segment behind.
-        let ours = |n: &String| n == LOCK_FILE || wal::parse_segment_name(n).is_some() || n.ends_with(".tmp");
+        let ours = |n: &String| {
+            n == LOCK_FILE || n == crate::recovery::POISON_MARKER || wal::parse_segment_name(n).is_some() || n.ends_with(".tmp")
+        };
         if names.iter().all(ours) {
             return Ok(false);
         }
@@ -229,6 +231,29 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
         return Err(Error::UnsupportedVersion { path: dir.to_owned(), found: version, supported: crate::FORMAT_VERSION });
     }
     Ok(true)
+}
+
+/// Creates `dir` and any missing parents, then fsyncs each new directory's parent, so that a
+/// power loss cannot take away the store's directory entry (and the commits inside it).
+fn create_dir_durably(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(p) = cur {
+        if p.as_os_str().is_empty() || fs.exists(p).map_err(|e| Error::io(p, e))? {
+            break;
+        }
+        missing.push(p.to_owned());
+        cur = p.parent();
+    }
+    fs.create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    for p in missing.iter().rev() {
+        let parent = match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        fs.sync_dir(&parent).map_err(|e| Error::io(&parent, e))?;
+    }
+    Ok(())
 }
 
 /// Creates a new store: first WAL segment, then the identity file (temp, fsync, rename, fsync
@@ -272,7 +297,7 @@ impl Database {
         if fs.exists(&dir).map_err(|e| Error::io(&dir, e))? {
             check_identity(fs.as_ref(), &dir)?;
         } else {
-            fs.create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            create_dir_durably(fs.as_ref(), &dir)?;
         }
         let lock = fs.lock_exclusive(&dir.join(LOCK_FILE)).map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock => Error::Locked(dir.clone()),
@@ -480,6 +505,14 @@ impl Inner {
     pub(crate) fn poison(&self, why: String) {
         let mut p = self.poisoned.lock();
         if p.is_none() {
+            // Best effort: tells the next open that the page cache may not match the disk.
+            // It records the durable LSN: every WAL byte below it was synced by an fdatasync
+            // that succeeded, so recovery never needs to rewrite (and risk) those bytes.
+            let marker = self.path.join(crate::recovery::POISON_MARKER);
+            if let Ok(f) = self.fs.open(&marker, OpenMode::CreateNew) {
+                let durable = self.durable_lsn.load(Ordering::Acquire);
+                let _ = write_all_at(f.as_ref(), format!("durable_lsn {durable}\n{why}\n").as_bytes(), 0);
+            }
             *p = Some(why);
         }
         self.is_poisoned.store(true, Ordering::Release);
@@ -510,6 +543,10 @@ impl Inner {
 
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo> {
         let mut retained = self.checkpoint_lock.lock();
+        // A poisoned WAL may end in a fragment or a hole the kernel dropped after a failed
+        // fsync; sealing it (or deleting WAL on the strength of a new checkpoint) would turn a
+        // torn tail into corruption of a sealed segment.
+        self.check_writable()?;
         // Seal the current segment so that the WAL up to here can be deleted later.
         {
             let mut wal = self.wal.lock();
@@ -645,7 +682,12 @@ impl Inner {
                 let _ = h.join();
             }
         }
-        let result = if self.is_poisoned.load(Ordering::Acquire) { Ok(()) } else { self.write_close_mark() };
+        // A poisoned database cannot make its unsynced commits durable: say so.
+        let result = if self.is_poisoned.load(Ordering::Acquire) {
+            Err(Error::Poisoned(self.poisoned.lock().clone().unwrap_or_default()))
+        } else {
+            self.write_close_mark()
+        };
         self.save_accounting();
         // Release the directory now, even if transactions or clones still hold this handle.
         self.dir_lock.lock().take();

@@ -30,6 +30,8 @@ mod db;
 mod digest;
 mod error;
 pub mod fs;
+#[doc(hidden)]
+pub mod fuzz_api;
 mod group_commit;
 mod index;
 mod options;

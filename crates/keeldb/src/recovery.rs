@@ -19,6 +19,13 @@ use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
 use crate::index::{Catalog, Table};
 use crate::wal::{self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter};
 
+/// Written (best effort, not synced) when a write or fsync fails and the database is
+/// poisoned, holding the durable LSN at that moment. Its presence at the next open means the
+/// page cache may hold WAL bytes that never reached the disk (fsyncgate), so recovery rewrites
+/// the WAL tail past both that LSN and every durable claim before syncing it: only bytes whose
+/// durability was never confirmed are rewritten.
+pub(crate) const POISON_MARKER: &str = "POISONED";
+
 /// Name of the append-only audit trail of recoveries.
 pub(crate) const RECOVERY_LOG: &str = "recovery.log";
 
@@ -193,6 +200,8 @@ pub(crate) struct Analysis {
     pub checkpoints: Vec<(u64, PathBuf)>,
     pub corrupt_checkpoints: Vec<PathBuf>,
     pub mark_digest: Option<u128>,
+    /// The largest durable claim found in the log (every frame byte before it was synced).
+    pub max_claim: u64,
     pub report: RecoveryReport,
 }
 
@@ -343,7 +352,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
                 ));
             }
             report.torn_tail = Some((path.clone(), bad.offset));
-            report.bytes_truncated = bytes.len() as u64 - scan.valid_end;
+            report.bytes_truncated = (bytes.len() as u64).saturating_sub(scan.valid_end);
             report.discarded_frames = scan.later_valid_frames;
             tear = Some(Tear { path: path.clone(), valid_end: scan.valid_end, whole_segment: false });
         }
@@ -364,7 +373,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     report.clean_shutdown = mark_digest.is_some() && tear.is_none();
     report.last_ts = last_ts;
     report.duration = started.elapsed();
-    Ok(Analysis { state, last_ts, segments, end_lsn, tear, checkpoints, corrupt_checkpoints, mark_digest, report })
+    Ok(Analysis { state, last_ts, segments, end_lsn, tear, checkpoints, corrupt_checkpoints, mark_digest, max_claim, report })
 }
 
 /// Everything [`recover`] hands to the database.
@@ -388,14 +397,11 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
         }
     }
     // From here on the directory changes; every step is safe to redo after a crash.
+    // A torn newest segment is cut to its valid frames below, when it is resumed.
     if let Some(tear) = &a.tear {
         if tear.whole_segment {
             fs.remove_file(&tear.path).map_err(|e| Error::io(&tear.path, e))?;
             fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-        } else {
-            let f = fs.open(&tear.path, OpenMode::ReadWrite).map_err(|e| Error::io(&tear.path, e))?;
-            f.set_len(tear.valid_end).map_err(|e| Error::io(&tear.path, e))?;
-            f.sync_data().map_err(|e| Error::io(&tear.path, e))?;
         }
     }
     for path in &a.corrupt_checkpoints {
@@ -419,14 +425,70 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
     let wal = match sealed.pop() {
         Some(last) => {
             let file = fs.open(&last.path, OpenMode::ReadWrite).map_err(|e| Error::io(&last.path, e))?;
+            let valid_len = wal::SEGMENT_HEADER_BYTES + (last.end_lsn - last.start_lsn);
+            // Exactly the valid frames: cut a torn tail, or extend over a last frame's torn
+            // zero padding so the next frame starts aligned.
+            if file.len().map_err(|e| Error::io(&last.path, e))? != valid_len {
+                file.set_len(valid_len).map_err(|e| Error::io(&last.path, e))?;
+            }
+            // Only after a failed fsync can the page cache hold WAL bytes the disk never got;
+            // then (and only then: rewriting puts the last synced batch at risk for a moment)
+            // the unclaimed tail is written again so this sync really persists it.
+            let marker = dir.join(POISON_MARKER);
+            let poisoned_before = fs.exists(&marker).map_err(|e| Error::io(&marker, e))?;
+            if poisoned_before {
+                let synced = read_marker_lsn(fs.as_ref(), &marker).unwrap_or(0);
+                if last.end_lsn == last.start_lsn {
+                    // A segment gets frames only after its header's fdatasync succeeded, so only
+                    // an empty newest segment can have a header that lives in the page cache
+                    // alone (its creation's sync failed). Rewriting it risks nothing: torn, it is
+                    // a frameless newest segment with a bad header, which recovery drops.
+                    rewrite_range(file.as_ref(), &last.path, 0, wal::SEGMENT_HEADER_BYTES)?;
+                }
+                rewrite_unclaimed_tail(file.as_ref(), &last, a.max_claim.max(synced))?;
+            }
             file.sync_data().map_err(|e| Error::io(&last.path, e))?;
-            WalWriter::resume(Arc::clone(fs), dir, file, last, sealed, segment_bytes_max)
+            let writer = WalWriter::resume(Arc::clone(fs), dir, file, last, sealed, segment_bytes_max);
+            if poisoned_before {
+                fs.remove_file(&marker).map_err(|e| Error::io(&marker, e))?;
+                fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+            }
+            writer
         }
         None => WalWriter::create(Arc::clone(fs), dir, 1, a.end_lsn, a.last_ts + 1, sealed, segment_bytes_max)?,
     };
     a.report.duration = started.elapsed();
     append_recovery_log(fs.as_ref(), dir, &a.report)?;
     Ok(Recovered { state: a.state, last_ts: a.last_ts, wal, checkpoints: a.checkpoints, report: a.report })
+}
+
+/// Writes the newest segment's frames after the last durable claim back to the file before
+/// it is synced. After a failed fdatasync ("fsyncgate") the kernel may have marked those
+/// pages clean without writing them: recovery can read them from the page cache, yet a
+/// later fdatasync would not write them, and frames written after this open would claim them
+/// durable. Rewriting dirties them again so the sync really persists what recovery replayed.
+fn rewrite_unclaimed_tail(file: &dyn crate::fs::FileHandle, seg: &SegmentInfo, max_claim: u64) -> Result<()> {
+    let from_lsn = max_claim.clamp(seg.start_lsn, seg.end_lsn);
+    if from_lsn == seg.end_lsn {
+        return Ok(());
+    }
+    let offset = wal::SEGMENT_HEADER_BYTES + (from_lsn - seg.start_lsn);
+    rewrite_range(file, &seg.path, offset, seg.end_lsn - from_lsn)
+}
+
+/// Reads `len` bytes at `offset` and writes them back, dirtying their pages.
+fn rewrite_range(file: &dyn crate::fs::FileHandle, path: &Path, offset: u64, len: u64) -> Result<()> {
+    let len = usize::try_from(len).map_err(|_| Error::corruption(path, offset, "range too large"))?;
+    let mut buf = vec![0u8; len];
+    crate::fs::read_exact_at(file, &mut buf, offset).map_err(|e| Error::io(path, e))?;
+    write_all_at(file, &buf, offset).map_err(|e| Error::io(path, e))
+}
+
+/// The durable LSN recorded in the poison marker, if it can be read.
+fn read_marker_lsn(fs: &dyn FileSystem, marker: &Path) -> Option<u64> {
+    let bytes = fs.open(marker, OpenMode::Read).and_then(|f| read_all(f.as_ref())).ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    text.lines().next()?.strip_prefix("durable_lsn ")?.trim().parse().ok()
 }
 
 fn append_recovery_log(fs: &dyn FileSystem, dir: &Path, report: &RecoveryReport) -> Result<()> {

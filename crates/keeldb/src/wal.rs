@@ -342,7 +342,10 @@ pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
             }
         }
     }
-    SegmentScan { frames, valid_end: pos.min(bytes.len()) as u64, bad, later_valid_frames, later_max_durable_lsn }
+    // `pos` may lie past the end of the file when a tear cut only the last frame's zero
+    // padding: that frame is whole, and the log continues at the aligned offset (recovery
+    // extends the file to it), so frame positions and LSNs stay aligned.
+    SegmentScan { frames, valid_end: pos as u64, bad, later_valid_frames, later_max_durable_lsn }
 }
 
 /// Description of a segment on disk, as the writer and recovery know it.
@@ -428,7 +431,15 @@ impl WalWriter {
     /// full segment is fdatasynced before the new one is created, so every segment but the
     /// newest is entirely durable.
     pub fn append(&mut self, frames: &[u8], first_lsn: u64, last_ts: u64) -> Result<()> {
-        assert_eq!(first_lsn, self.current.end_lsn, "WAL batch out of order");
+        debug_assert_eq!(first_lsn, self.current.end_lsn, "WAL batch out of order");
+        if first_lsn != self.current.end_lsn {
+            // An engine bug, never user input: refuse rather than write a log that cannot be read.
+            return Err(Error::corruption(
+                &self.current.path,
+                SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn),
+                format!("internal error: WAL batch at LSN {first_lsn}, log ends at {}", self.current.end_lsn),
+            ));
+        }
         let used = self.current.end_lsn - self.current.start_lsn;
         if used > 0 && used + frames.len() as u64 > self.segment_bytes_max {
             self.roll()?;
@@ -465,16 +476,23 @@ impl WalWriter {
     /// Deletes sealed segments whose every commit is at or below `ts`. The directory is synced
     /// afterwards. Returns how many were removed.
     pub fn remove_sealed_through(&mut self, ts: u64) -> Result<usize> {
-        let (gone, keep): (Vec<_>, Vec<_>) = self.sealed.drain(..).partition(|s| s.last_ts <= ts);
-        self.sealed = keep;
-        // Oldest first, so a crash midway leaves a contiguous suffix of segments.
-        for seg in &gone {
-            self.fs.remove_file(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
+        // Oldest first, and a segment is forgotten only once its file is gone: a crash or a
+        // failed delete midway leaves a contiguous suffix of segments that this writer still
+        // knows about, never a gap.
+        let mut removed = 0;
+        while let Some(seg) = self.sealed.first() {
+            if seg.last_ts > ts {
+                break;
+            }
+            let path = seg.path.clone();
+            self.fs.remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            self.sealed.remove(0);
+            removed += 1;
         }
-        if !gone.is_empty() {
+        if removed > 0 {
             self.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
         }
-        Ok(gone.len())
+        Ok(removed)
     }
 }
 
