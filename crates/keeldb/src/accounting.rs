@@ -74,7 +74,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
@@ -130,21 +130,6 @@ fn parse_line(line: &str) -> Option<TagStats> {
     })
 }
 
-fn merge(into: &mut TagStats, from: &TagStats) {
-    into.transactions += from.transactions;
-    into.commits += from.commits;
-    into.cpu_budget_aborts += from.cpu_budget_aborts;
-    into.timeouts += from.timeouts;
-    into.cpu_time += from.cpu_time;
-    into.wall_time += from.wall_time;
-    for (a, b) in into.cpu_histogram.buckets.iter_mut().zip(from.cpu_histogram.buckets) {
-        *a += b;
-    }
-    for (a, b) in into.latency_histogram.buckets.iter_mut().zip(from.latency_histogram.buckets) {
-        *a += b;
-    }
-}
-
 impl Accounting {
     /// Loads saved totals; `None` when absent or unreadable (never an error: informational).
     pub fn load(fs: &dyn FileSystem, dir: &Path) -> Option<Accounting> {
@@ -170,19 +155,6 @@ impl Accounting {
             }
         }
         Some(acct)
-    }
-
-    /// Adds saved totals to these.
-    pub fn absorb(&mut self, other: Accounting) {
-        merge(&mut self.untagged, &other.untagged);
-        for (k, v) in other.tagged {
-            match self.tagged.get_mut(&k) {
-                Some(mine) => merge(mine, &v),
-                None => {
-                    self.tagged.insert(k, v);
-                }
-            }
-        }
     }
 
     /// Saves the totals (temp file, rename; not fsynced: informational).
@@ -219,13 +191,12 @@ mod tests {
         a.record(None, Duration::from_micros(5), Duration::from_micros(9), Ending::Committed);
         a.record(Some(&Arc::from("tenant a")), Duration::from_millis(3), Duration::from_millis(4), Ending::RolledBack);
         a.save(&StdFs, dir.path()).expect("save");
-        let mut b = Accounting::load(&StdFs, dir.path()).expect("load");
+        let b = Accounting::load(&StdFs, dir.path()).expect("load");
         assert_eq!(b.snapshot(), a.snapshot());
-        b.absorb(Accounting::load(&StdFs, dir.path()).expect("load"));
         let snap = b.snapshot();
-        assert_eq!(snap[0].transactions, 2);
+        assert_eq!(snap[0].transactions, 1);
         assert_eq!(snap[1].tag.as_deref(), Some("tenant a"));
-        assert_eq!(snap[1].cpu_time, Duration::from_millis(6));
+        assert_eq!(snap[1].cpu_time, Duration::from_millis(3));
     }
 
     #[test]

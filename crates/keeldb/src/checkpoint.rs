@@ -175,7 +175,6 @@ pub(crate) trait CheckpointSink {
 pub(crate) struct CheckpointSummary {
     pub ts: u64,
     pub next_table_id: u32,
-    pub tables: u64,
     pub entries: u64,
     pub digest: StateDigest,
 }
@@ -273,7 +272,7 @@ pub(crate) fn read_checkpoint(bytes: &[u8], sink: &mut dyn CheckpointSink) -> st
     if digest != want_digest {
         return fail(footer_at, "state digest mismatch");
     }
-    Ok(CheckpointSummary { ts, next_table_id, tables, entries, digest })
+    Ok(CheckpointSummary { ts, next_table_id, entries, digest })
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@
 /// Appends fixed-width little-endian integers and length-prefixed byte strings.
 pub(crate) trait PutBytes {
     fn put_u8(&mut self, v: u8);
-    fn put_u16(&mut self, v: u16);
     fn put_u32(&mut self, v: u32);
     fn put_u64(&mut self, v: u64);
     /// A `u32` length followed by the bytes.
@@ -15,9 +14,6 @@ pub(crate) trait PutBytes {
 impl PutBytes for Vec<u8> {
     fn put_u8(&mut self, v: u8) {
         self.push(v);
-    }
-    fn put_u16(&mut self, v: u16) {
-        self.extend_from_slice(&v.to_le_bytes());
     }
     fn put_u32(&mut self, v: u32) {
         self.extend_from_slice(&v.to_le_bytes());
@@ -93,12 +89,10 @@ impl<'a> Reader<'a> {
     pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(what)?[0])
     }
-    pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.array(what)?))
-    }
     pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
+    #[cfg(test)]
     pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
@@ -115,7 +109,7 @@ impl<'a> Reader<'a> {
 /// Reads a little-endian `u32` at `at` from a slice, if it is long enough.
 pub(crate) fn le_u32(buf: &[u8], at: usize) -> Option<u32> {
     let s = buf.get(at..at.checked_add(4)?)?;
-    Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    Some(u32::from_le_bytes(s.try_into().ok()?))
 }
 
 /// Reads a little-endian `u64` at `at` from a slice, if it is long enough.
@@ -151,12 +145,10 @@ mod tests {
     fn round_trip_integers() {
         let mut buf = Vec::new();
         buf.put_u8(7);
-        buf.put_u16(513);
         buf.put_u32(70_000);
         buf.put_u64(u64::MAX - 3);
         let mut r = Reader::new(&buf);
         assert_eq!(r.u8("a"), Ok(7));
-        assert_eq!(r.u16("b"), Ok(513));
         assert_eq!(r.u32("c"), Ok(70_000));
         assert_eq!(r.u64("d"), Ok(u64::MAX - 3));
         assert!(r.is_empty());

@@ -122,7 +122,7 @@ impl Meter {
     /// Called at every operation. Fails once the budget or the timeout is exceeded.
     pub fn check(&mut self) -> Result<(), Error> {
         self.ops = self.ops.wrapping_add(1);
-        if !self.watched() && self.ops % UNWATCHED_CHECK_EVERY != 0 {
+        if !self.watched() && !self.ops.is_multiple_of(UNWATCHED_CHECK_EVERY) {
             return Ok(());
         }
         let now = Instant::now();
@@ -206,10 +206,6 @@ impl Meter {
         (cpu, now - self.started)
     }
 
-    /// Operations checked so far.
-    pub fn ops(&self) -> u32 {
-        self.ops
-    }
 }
 
 /// A transaction's meter behind a cheap gate: unwatched operations only bump a counter; the

@@ -121,6 +121,7 @@ impl Version {
         }
     }
 
+    #[cfg(test)]
     pub fn depth(&self) -> usize {
         let mut n = 1;
         let mut v = self;
@@ -181,6 +182,7 @@ impl KeyRange {
         }
     }
 
+    #[cfg(test)]
     pub fn contains(&self, key: &[u8]) -> bool {
         let after_start = match &self.start {
             Bound::Included(s) => key >= s.as_slice(),
@@ -384,7 +386,8 @@ impl TableData {
         }
     }
 
-    /// Depth of the chain for `key` (tests and benchmarks).
+    /// Depth of the chain for `key`.
+    #[cfg(test)]
     pub fn chain_depth(&self, key: &[u8]) -> usize {
         self.find(key).map_or(0, Version::depth)
     }

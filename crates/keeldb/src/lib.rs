@@ -30,6 +30,7 @@ mod db;
 mod digest;
 mod error;
 pub mod fs;
+pub mod graph;
 #[doc(hidden)]
 pub mod fuzz_api;
 mod group_commit;
@@ -45,6 +46,7 @@ pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_T
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
+pub use graph::{Graph, GraphError};
 pub use options::{
     Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES,
 };

@@ -184,7 +184,6 @@ impl StateBuilder {
 #[derive(Debug, Clone)]
 pub(crate) struct Tear {
     pub path: PathBuf,
-    pub valid_end: u64,
     /// The segment's header itself was torn (a crash while it was being created).
     pub whole_segment: bool,
 }
@@ -278,7 +277,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
                 if is_last && (bytes.len() as u64 <= wal::SEGMENT_HEADER_BYTES || no_frames) {
                     report.torn_tail = Some((path.clone(), 0));
                     report.bytes_truncated = bytes.len() as u64;
-                    tear = Some(Tear { path, valid_end: 0, whole_segment: true });
+                    tear = Some(Tear { path, whole_segment: true });
                     break;
                 }
                 return Err(Error::corruption(&path, 0, reason));
@@ -354,7 +353,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             report.torn_tail = Some((path.clone(), bad.offset));
             report.bytes_truncated = (bytes.len() as u64).saturating_sub(scan.valid_end);
             report.discarded_frames = scan.later_valid_frames;
-            tear = Some(Tear { path: path.clone(), valid_end: scan.valid_end, whole_segment: false });
+            tear = Some(Tear { path: path.clone(), whole_segment: false });
         }
         end_lsn = seg_end_lsn;
         segments.push(SegmentInfo { seq, path, start_lsn: header.start_lsn, end_lsn: seg_end_lsn, last_ts: seg_last_ts });

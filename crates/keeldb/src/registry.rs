@@ -44,6 +44,7 @@ impl Registry {
     }
 
     /// Number of live snapshots.
+    #[cfg(test)]
     pub fn live(&self) -> usize {
         self.held.lock().values().map(|&c| c as usize).sum()
     }

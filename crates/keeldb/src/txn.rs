@@ -284,7 +284,6 @@ pub(crate) struct CommitRequest {
     pub isolation: Isolation,
     pub tables: BTreeMap<Arc<str>, TableWrites>,
     pub reads: Vec<(Arc<str>, ReadItem)>,
-    pub bytes: usize,
 }
 
 /// A read-write transaction. Dropping it without [`WriteTxn::commit`] rolls it back.
@@ -495,7 +494,6 @@ impl WriteTxn {
             isolation: self.isolation,
             tables,
             reads,
-            bytes: self.bytes,
         };
         self.acct.meter.freeze();
         let result = if dirty {

@@ -13,8 +13,8 @@ use crate::recovery::{analyze, RecoveryReport};
 /// The outcome of [`verify`].
 #[derive(Debug, Clone, Default)]
 pub struct VerifyReport {
-    /// Checkpoints that verified (path, timestamp, entries).
-    pub checkpoints_ok: Vec<(PathBuf, u64, u64)>,
+    /// Checkpoints that verified (path, timestamp, entries, state digest).
+    pub checkpoints_ok: Vec<(PathBuf, u64, u64, StateDigest)>,
     /// Problems found: where and what. Empty when the store is intact.
     pub problems: Vec<String>,
     /// Notes that are not corruption (for example a torn tail that open would truncate).
@@ -34,8 +34,8 @@ impl VerifyReport {
 
 impl std::fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (p, ts, n) in &self.checkpoints_ok {
-            writeln!(f, "ok       checkpoint {} (ts {ts}, {n} entries)", p.display())?;
+        for (p, ts, n, d) in &self.checkpoints_ok {
+            writeln!(f, "ok       checkpoint {} (ts {ts}, {n} entries, digest {d})", p.display())?;
         }
         if let Some(r) = &self.recovery {
             writeln!(f, "ok       WAL: {} segments, {} frames after the checkpoint, last ts {}", r.segments_scanned, r.frames_replayed, r.last_ts)?;
@@ -82,7 +82,7 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
         let p = dir.join(name);
         let bytes = fs.open(&p, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&p, e))?;
         match read_checkpoint(&bytes, &mut Discard) {
-            Ok(s) if s.ts == ts => report.checkpoints_ok.push((p, ts, s.entries)),
+            Ok(s) if s.ts == ts => report.checkpoints_ok.push((p, ts, s.entries, s.digest)),
             Ok(_) => report.problems.push(format!("{}: timestamp differs from the file name", p.display())),
             Err((off, why)) => report.problems.push(format!("{} at offset {off}: {why}", p.display())),
         }
