@@ -212,6 +212,8 @@ impl Meter {
 /// lock is taken when a budget or timeout is set, or on every 32nd operation.
 #[derive(Debug)]
 pub(crate) struct MeterCell {
+    /// Off: no budget, no timeout and accounting disabled; nothing is measured.
+    enabled: bool,
     watched: bool,
     ops: std::sync::atomic::AtomicU32,
     meter: parking_lot::Mutex<Meter>,
@@ -237,9 +239,11 @@ impl Tripped {
 }
 
 impl MeterCell {
-    pub fn new(budget: Option<Duration>, timeout: Option<Duration>) -> MeterCell {
+    pub fn new(budget: Option<Duration>, timeout: Option<Duration>, accounting: bool) -> MeterCell {
+        let watched = budget.is_some() || timeout.is_some();
         MeterCell {
-            watched: budget.is_some() || timeout.is_some(),
+            enabled: watched || accounting,
+            watched,
             ops: std::sync::atomic::AtomicU32::new(0),
             meter: parking_lot::Mutex::new(Meter::start(budget, timeout)),
             tripped: parking_lot::Mutex::new(None),
@@ -249,6 +253,9 @@ impl MeterCell {
 
     /// Called at every operation of the transaction.
     pub fn check(&self) -> Result<(), Error> {
+        if !self.enabled {
+            return Ok(());
+        }
         if !self.watched {
             let n = self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if n % UNWATCHED_CHECK_EVERY != UNWATCHED_CHECK_EVERY - 1 {
@@ -279,11 +286,20 @@ impl MeterCell {
     }
 
     pub fn finish(&self) -> (Duration, Duration) {
+        if !self.enabled {
+            return (Duration::ZERO, Duration::ZERO);
+        }
         self.meter.lock().finish()
     }
 
     pub fn freeze(&self) {
-        self.meter.lock().freeze();
+        if self.enabled {
+            self.meter.lock().freeze();
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 }
 

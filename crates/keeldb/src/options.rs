@@ -91,6 +91,10 @@ pub struct Options {
     pub cpu_budget: Option<Duration>,
     /// Default wall-clock timeout for every transaction (`None`: unlimited).
     pub txn_timeout: Option<Duration>,
+    /// Whether to measure every transaction's CPU and wall time and keep per-tag totals
+    /// (two monotonic clock reads and one counter update per transaction). Off, transactions
+    /// without a budget or timeout are not measured: `CommitInfo` reports zero times.
+    pub cpu_accounting: bool,
     /// Whether to start background threads (periodic fsync, checkpoints, version GC).
     /// Turning this off is for deterministic tests; periodic durability then syncs inline.
     pub background_threads: bool,
@@ -108,6 +112,7 @@ impl Default for Options {
             fs: Arc::new(StdFs),
             cpu_budget: None,
             txn_timeout: None,
+            cpu_accounting: true,
             background_threads: true,
         }
     }

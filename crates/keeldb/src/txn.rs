@@ -50,12 +50,13 @@ pub(crate) struct Accounted {
 }
 
 impl Accounted {
-    fn new(tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Accounted {
-        Accounted { meter: MeterCell::new(budget, timeout), tag, recorded: false }
+    fn new(db: &Inner, tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Accounted {
+        Accounted { meter: MeterCell::new(budget, timeout, db.options.cpu_accounting), tag, recorded: false }
     }
 
     fn finish(&mut self, db: &Inner, ending: Ending) -> (std::time::Duration, std::time::Duration) {
-        if self.recorded {
+        if self.recorded || !self.meter.enabled() {
+            self.recorded = true;
             return (std::time::Duration::ZERO, std::time::Duration::ZERO);
         }
         self.recorded = true;
@@ -221,7 +222,8 @@ impl Drop for ReadTxn {
 
 impl ReadTxn {
     pub(crate) fn new(snap: Snapshot, tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Self {
-        ReadTxn { snap, acct: Accounted::new(tag, budget, timeout) }
+        let acct = Accounted::new(&snap.db, tag, budget, timeout);
+        ReadTxn { snap, acct }
     }
 
     /// CPU and wall time used so far.
@@ -314,13 +316,13 @@ impl WriteTxn {
         timeout: Option<std::time::Duration>,
     ) -> Self {
         WriteTxn {
-            snap,
             durability,
             isolation,
             tables: BTreeMap::new(),
             reads: Vec::new(),
             bytes: 0,
-            acct: Accounted::new(tag, budget, timeout),
+            acct: Accounted::new(&snap.db, tag, budget, timeout),
+            snap,
         }
     }
 

@@ -251,3 +251,22 @@ fn waiting_for_fdatasync_is_not_charged_as_cpu() {
     let (cpu, wall) = charged[10];
     assert!(cpu < Duration::from_micros(500), "charged {cpu:?} of {wall:?}");
 }
+
+#[test]
+fn accounting_can_be_turned_off_but_budgets_still_work() {
+    let t = TestDir::new();
+    let db = keeldb::Database::open(
+        t.path(),
+        keeldb::Options { cpu_accounting: false, background_threads: false, ..Default::default() },
+    )
+    .unwrap();
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"k", b"v").unwrap();
+    let info = tx.commit().unwrap();
+    assert_eq!((info.cpu_time, info.wall_time), (Duration::ZERO, Duration::ZERO));
+    assert!(db.stats().accounting.is_empty());
+    // A budget turns the meter on for that transaction.
+    let mut tx = db.begin_write_with(budget(2)).unwrap();
+    burn(Duration::from_millis(3));
+    assert!(matches!(tx.put("t", b"k2", b"v"), Err(Error::CpuBudgetExceeded { .. })));
+}
