@@ -21,7 +21,6 @@
 //! of them becomes visible, and later commits are refused until reopen.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -176,8 +175,10 @@ pub(crate) struct CommitState {
     /// Table name to live id, including tables created by commits not yet visible.
     tables: crate::index::FastMap<Arc<str>, u32>,
     next_table_id: u32,
-    /// Per table, the newest commit timestamp that wrote each recently written key.
-    recent: crate::index::FastMap<Arc<str>, BTreeMap<Key, u64>>,
+    /// Per table, the newest commit timestamp that wrote each recently written key. Hashed,
+    /// not ordered: point checks are O(1), and the rare serializable range check scans the
+    /// table's recent set, which trimming keeps small.
+    recent: crate::index::FastMap<Arc<str>, crate::index::FastMap<Key, u64>>,
     recent_len: usize,
     trim_at: usize,
     /// Per table name, the newest commit timestamp that dropped it.
@@ -212,8 +213,7 @@ impl CommitState {
             return false;
         }
         let Some(m) = self.recent.get(table) else { return false };
-        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_ref(&range.start), as_ref(&range.end));
-        m.range::<[u8], _>(bounds).any(|(_, &w)| w > ts)
+        m.iter().any(|(k, &w)| w > ts && range.contains(k.as_slice()))
     }
 
     fn dropped_after(&self, table: &str, ts: u64) -> bool {
@@ -254,7 +254,14 @@ impl CommitState {
 
     /// Resolves table names to ids (allocating for new tables) and encodes the payload.
     fn resolve(&mut self, tables: std::collections::BTreeMap<Arc<str>, TableWrites>) -> (Vec<TableApply>, PayloadBuilder) {
-        let mut payload = PayloadBuilder::new(256);
+        // Sized up front: each op is at most a tag, a table id, two lengths and its bytes.
+        let size: usize = tables
+            .iter()
+            .map(|(name, tw)| {
+                32 + name.len() + tw.writes.iter().map(|(k, v)| 13 + k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
+            })
+            .sum();
+        let mut payload = PayloadBuilder::new(size);
         let mut out = Vec::with_capacity(tables.len());
         for (name, tw) in tables {
             let existing = self.tables.get(&name).copied();
@@ -322,13 +329,6 @@ impl CommitState {
     }
 }
 
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(v) => Bound::Included(v.as_slice()),
-        Bound::Excluded(v) => Bound::Excluded(v.as_slice()),
-        Bound::Unbounded => Bound::Unbounded,
-    }
-}
 
 fn show_key(k: &[u8]) -> String {
     match std::str::from_utf8(k) {
@@ -461,6 +461,7 @@ impl Inner {
             let (tables, payload) = cs.resolve(req.tables);
             let payload = payload.finish();
             let before = frames.len();
+            frames.reserve(wal::frame_bytes(payload.len()));
             let durable = self.durable_lsn.load(Ordering::Acquire);
             wal::encode_frame(&mut frames, cs.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
             cs.next_lsn += (frames.len() - before) as u64;

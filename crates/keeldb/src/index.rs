@@ -182,7 +182,6 @@ impl KeyRange {
         }
     }
 
-    #[cfg(test)]
     pub fn contains(&self, key: &[u8]) -> bool {
         let after_start = match &self.start {
             Bound::Included(s) => key >= s.as_slice(),
