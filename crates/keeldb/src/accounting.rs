@@ -50,10 +50,13 @@ impl Accounting {
             Ending::Tripped(crate::cpu::Tripped::Cpu { .. }) => stats.cpu_budget_aborts += 1,
             Ending::Tripped(crate::cpu::Tripped::Timeout { .. }) => stats.timeouts += 1,
         }
-        stats.cpu_time += cpu;
-        stats.wall_time += wall;
-        stats.cpu_histogram.record(cpu);
-        stats.latency_histogram.record(wall);
+        // Nanoseconds in u64: Duration additions normalize and `as_micros` divides in u128,
+        // which showed up in the per-transaction cost.
+        let (cpu_ns, wall_ns) = (duration_ns(cpu), duration_ns(wall));
+        stats.cpu_time = Duration::from_nanos(duration_ns(stats.cpu_time).saturating_add(cpu_ns));
+        stats.wall_time = Duration::from_nanos(duration_ns(stats.wall_time).saturating_add(wall_ns));
+        stats.cpu_histogram.record_ns(cpu_ns);
+        stats.latency_histogram.record_ns(wall_ns);
     }
 
     pub fn snapshot(&self) -> Vec<TagStats> {
@@ -68,6 +71,10 @@ impl Accounting {
     }
 }
 
+
+fn duration_ns(d: Duration) -> u64 {
+    d.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(d.subsec_nanos()))
+}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -323,7 +323,12 @@ impl Default for Histogram {
 impl Histogram {
     /// Adds one value.
     pub fn record(&mut self, d: Duration) {
-        let us = d.as_micros().max(1) as u64;
+        self.record_ns(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Adds one value given in nanoseconds (u64 arithmetic only: this runs per transaction).
+    pub fn record_ns(&mut self, ns: u64) {
+        let us = (ns / 1000).max(1);
         let i = (63 - us.leading_zeros() as usize).min(HISTOGRAM_BUCKETS - 1);
         if let Some(b) = self.buckets.get_mut(i) {
             *b += 1;
