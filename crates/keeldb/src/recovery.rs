@@ -435,8 +435,10 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
             // the unclaimed tail is written again so this sync really persists it.
             let marker = dir.join(POISON_MARKER);
             let poisoned_before = fs.exists(&marker).map_err(|e| Error::io(&marker, e))?;
-            if poisoned_before {
-                let synced = read_marker_lsn(fs.as_ref(), &marker).unwrap_or(0);
+            // A marker whose LSN cannot be read lost its (unsynced) contents to a power loss,
+            // which also emptied the page cache that could have lied: nothing to rewrite.
+            let synced = if poisoned_before { read_marker_lsn(fs.as_ref(), &marker) } else { None };
+            if let Some(synced) = synced {
                 if last.end_lsn == last.start_lsn {
                     // A segment gets frames only after its header's fdatasync succeeded, so only
                     // an empty newest segment can have a header that lives in the page cache
