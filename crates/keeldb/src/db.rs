@@ -425,7 +425,10 @@ impl Database {
                     return Ok(id);
                 }
             }
-            let start = self.transact(|tx| {
+            // Relaxed is enough: the reservation's frame precedes every commit that uses its
+            // ids, so whatever makes such a commit durable makes the reservation durable too.
+            let relaxed = TxnOptions { durability: Some(Durability::Relaxed), ..TxnOptions::default() };
+            let start = self.transact_with(relaxed, |tx| {
                 let current = match tx.get(IDS_TABLE, b"next")? {
                     Some(v) => u64::from_le_bytes(v.as_slice().try_into().map_err(|_| {
                         Error::corruption(&self.inner.path, 0, "id allocator record is not 8 bytes")

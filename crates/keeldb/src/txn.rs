@@ -331,6 +331,11 @@ impl WriteTxn {
         self.acct.stats()
     }
 
+    /// The isolation level this transaction validates with at commit.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
     /// Checks the budget and timeout; once either trips, the writes are discarded and every
     /// later operation (and the commit) fails the same way.
     fn meter(&mut self) -> Result<()> {
@@ -462,7 +467,7 @@ impl WriteTxn {
     /// Tables visible to this transaction, including ones it created and excluding dropped ones.
     pub fn tables(&self) -> Vec<String> {
         let mut names: Vec<String> = self.snap.tables();
-        for (name, tw) in &self.tables {
+        for (name, tw) in self.tables.iter().filter(|(n, _)| !n.starts_with(crate::db::RESERVED_TABLE_PREFIX)) {
             let has_writes = tw.writes.values().any(Option::is_some);
             if tw.dropped && !has_writes {
                 names.retain(|n| n.as_str() != &**name);

@@ -312,3 +312,15 @@ fn ids_are_unique_across_threads_reopens_and_never_conflict() {
         drop(db); // no clean close: ids must still never repeat
     }
 }
+
+#[test]
+fn reserved_tables_stay_hidden_in_a_transactions_own_view() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    let mut tx = db.begin_write().unwrap();
+    tx.put("__keeldb/internal", b"k", b"v").unwrap();
+    tx.put("users", b"k", b"v").unwrap();
+    assert_eq!(tx.tables(), ["users"]);
+    tx.commit().unwrap();
+    assert_eq!(db.begin_read().unwrap().tables(), ["users"]);
+}
