@@ -1,18 +1,24 @@
-//! `keel bench`: the user-facing benchmark report for KeelDB.
+//! `keel bench`: the user-facing benchmark report for KeelDB, side by side with its peers.
 //!
-//! Each suite opens an embedded store in a fresh temporary directory, measures, and returns flat
+//! Each suite opens stores in fresh temporary directories, measures, and returns flat
 //! [`report::Row`]s; [`run`] adds the machine facts, prints Markdown tables to stdout, progress
-//! to stderr, and writes the JSON contract (`schema: keel-bench/1`) when asked.
+//! to stderr, writes the JSON contract (`schema: keel-bench/1`) and, with `--out`, PNG charts and
+//! a `report.md` that embeds them.
 //!
-//! Code map: the harness (`report`, `markdown`, `progress`, `timing`, `machine`, `raw_sync`)
-//! never references the engine, so it builds and tests on its own; only `suites::*` call
-//! `keeldb`. Peer adapters (SQLite, redb, ...) will live beside the suites, and their heavy
+//! Code map: the harness (`report`, `markdown`, `charts`, `progress`, `timing`, `machine`,
+//! `raw_sync`) never references the engine, so it builds and tests on its own. `peers` puts
+//! KeelDB and each peer (SQLite, redb, LMDB, SurrealKV, fjall, RocksDB; each behind its cargo
+//! feature) behind one small store interface; `suites::*` drive them; `child` is the helper
+//! process the recovery and scale suites kill or measure in isolation. The peers' heavy
 //! dependencies stay in this crate, never in the engine's tree.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+pub mod charts;
+pub mod child;
 pub mod machine;
 pub mod markdown;
+pub mod peers;
 pub mod progress;
 pub mod raw_sync;
 pub mod report;
@@ -24,15 +30,24 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use crate::peers::{Mode, System};
 use crate::progress::Progress;
 use crate::report::{Machine, Report, Row};
 use crate::timing::Budget;
 
-/// Suite names in the order `keel bench` runs them.
-pub const SUITES: [&str; 3] = ["durability", "group-commit", "mvcc"];
+pub use crate::child::{child_main, CHILD_COMMAND};
+pub use crate::peers::KNOWN_PEERS;
 
-/// Peer systems a later issue adds adapters for; accepted by `--peers` today.
-pub const KNOWN_PEERS: [&str; 6] = ["sqlite", "redb", "lmdb", "surrealkv", "rocksdb", "fjall"];
+/// Suite names in the order `keel bench` runs them.
+pub const SUITES: [&str; 7] = [
+    "durability",
+    "group-commit",
+    "sqlite-compare",
+    "mvcc",
+    "recovery",
+    "scale",
+    "cpu-accounting",
+];
 
 /// How much work each suite does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,7 +55,8 @@ pub enum Scale {
     /// The full run, for published figures.
     #[default]
     Full,
-    /// `--quick`: every suite together finishes in under a minute on two cores.
+    /// `--quick`: every suite together finishes in under a minute on two cores (keeldb only
+    /// unless peers are asked for by name).
     Quick,
     /// A smoke run for tests: seconds in total, figures not meaningful.
     Tiny,
@@ -53,16 +69,20 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Suites to run, in [`SUITES`] order; empty runs them all.
     pub suites: Vec<String>,
-    /// `none`, `all`, or a comma-separated list of peers. Only `none` runs today.
-    pub peers: String,
+    /// `none`, `all`, or a comma-separated list of peers. `None` means every compiled-in peer
+    /// for a full run and no peer for `--quick` (which could not finish in a minute with them).
+    pub peers: Option<String>,
     /// Where to write the JSON report.
     pub json: Option<PathBuf>,
-    /// A directory to write `report.md` into.
+    /// A directory to write `report.md` and the PNG charts into.
     pub out: Option<PathBuf>,
     /// The parent directory for the benchmark's temporary stores (default: the OS temp dir).
     pub dir: Option<PathBuf>,
     /// Smoke-test scale for the CLI's own tests (hidden flag `--tiny`); overrides `quick`.
     pub tiny: bool,
+    /// How to start the helper process (see [`child`]). `None`: this executable with
+    /// [`CHILD_COMMAND`], which is what the `keel` binary provides.
+    pub child_command: Option<Vec<String>>,
 }
 
 impl BenchArgs {
@@ -77,8 +97,8 @@ impl BenchArgs {
     }
 }
 
-/// What a suite gets: where to put its stores, how hard to work, and where to report progress.
-#[derive(Debug)]
+/// What a suite gets: where to put its stores, how hard to work, which peers to run beside
+/// KeelDB, how to start helper processes, and where to report progress.
 pub struct SuiteContext {
     /// Parent directory for temporary stores.
     pub base_dir: PathBuf,
@@ -86,6 +106,10 @@ pub struct SuiteContext {
     pub scale: Scale,
     /// Progress output.
     pub progress: Progress,
+    /// The peers selected and compiled in, in report order.
+    pub peers: Vec<&'static dyn System>,
+    /// Program and leading arguments that start a helper process.
+    pub child_command: Vec<String>,
 }
 
 impl SuiteContext {
@@ -100,6 +124,18 @@ impl SuiteContext {
                     self.base_dir.display()
                 )
             })
+    }
+
+    /// KeelDB followed by the selected peers.
+    pub fn systems(&self) -> Vec<&'static dyn System> {
+        let mut systems: Vec<&'static dyn System> = vec![&peers::keeldb::KeelDb];
+        systems.extend(self.peers.iter().copied());
+        systems
+    }
+
+    /// Whether a peer is selected.
+    pub fn has_peer(&self, name: &str) -> bool {
+        self.peers.iter().any(|p| p.name() == name)
     }
 }
 
@@ -120,12 +156,12 @@ pub fn select_suites(requested: &[String]) -> anyhow::Result<Vec<&'static str>> 
         .collect())
 }
 
-/// Checks `--peers`: `none`, `all`, or a comma-separated list of known peers. Returns the peers
-/// asked for (empty for `none`).
+/// Checks `--peers`: `none`, `all`, `default`, or a comma-separated list of known peers.
+/// Returns the peers asked for (empty for `none`; every known peer for `all` and `default`).
 pub fn parse_peers(text: &str) -> anyhow::Result<Vec<&'static str>> {
     match text.trim() {
         "" | "none" => Ok(Vec::new()),
-        "all" => Ok(KNOWN_PEERS.to_vec()),
+        "all" | "default" => Ok(KNOWN_PEERS.to_vec()),
         list => list
             .split(',')
             .map(|name| {
@@ -145,20 +181,63 @@ pub fn parse_peers(text: &str) -> anyhow::Result<Vec<&'static str>> {
     }
 }
 
+/// The peers a run compares against, and why any asked for are missing.
+pub struct PeerSelection {
+    /// Selected and compiled in, in report order.
+    pub peers: Vec<&'static dyn System>,
+    /// Lines for the report's preamble.
+    pub notes: Vec<String>,
+}
+
+/// Resolves `--peers` against the peers compiled into this build.
+pub fn select_peers(text: Option<&str>, scale: Scale) -> anyhow::Result<PeerSelection> {
+    let compiled = peers::compiled();
+    let mut notes = Vec::new();
+    let text = text.map(str::trim).unwrap_or("default");
+    let asked = if text == "default" && scale != Scale::Full {
+        notes.push(
+            "--quick runs keeldb only by default (six systems cannot finish in a minute on two \
+             cores); pass --peers all or a list to include peers."
+                .to_string(),
+        );
+        Vec::new()
+    } else {
+        parse_peers(text)?
+    };
+    let mut missing = Vec::new();
+    let mut selected = Vec::new();
+    for name in asked {
+        match compiled.iter().find(|p| p.name() == name) {
+            Some(peer) => selected.push(*peer),
+            None => missing.push(name),
+        }
+    }
+    if !missing.is_empty() {
+        let features: Vec<&str> = missing.iter().map(|p| peers::feature_of(p)).collect();
+        notes.push(format!(
+            "Not compiled into this build, skipped: {} (rebuild keel with `--features {}`).",
+            missing.join(", "),
+            features.join(",")
+        ));
+    }
+    // Keep report order (the order of `peers::compiled`), whatever order the list used.
+    selected.sort_by_key(|p| compiled.iter().position(|c| c.name() == p.name()));
+    selected.dedup_by_key(|p| p.name());
+    Ok(PeerSelection {
+        peers: selected,
+        notes,
+    })
+}
+
 /// Runs the selected suites and writes the reports. Markdown goes to stdout, progress to
-/// stderr, JSON to `args.json`, and `report.md` into `args.out`.
+/// stderr, JSON to `args.json`, and `report.md` plus PNG charts into `args.out`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let suites = select_suites(&args.suites)?;
-    let peers = parse_peers(&args.peers)?;
+    let scale = args.scale();
+    let selection = select_peers(args.peers.as_deref(), scale)?;
     let progress = Progress::new(false);
-    if !peers.is_empty() {
-        progress.line(
-            "bench",
-            format!(
-                "note: peer adapters ({}) come in a later issue; running keeldb only",
-                peers.join(", ")
-            ),
-        );
+    for note in &selection.notes {
+        progress.line("bench", format!("note: {note}"));
     }
     let base_dir = match &args.dir {
         Some(dir) => {
@@ -167,18 +246,38 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => std::env::temp_dir(),
     };
+    let child_command = match &args.child_command {
+        Some(command) => command.clone(),
+        None => {
+            let exe = std::env::current_exe().context("locating the keel executable")?;
+            vec![
+                exe.to_string_lossy().into_owned(),
+                CHILD_COMMAND.to_string(),
+            ]
+        }
+    };
     let context = SuiteContext {
         base_dir,
-        scale: args.scale(),
+        scale,
         progress,
+        peers: selection.peers,
+        child_command,
     };
+    let names: Vec<&str> = context.systems().iter().map(|s| s.name()).collect();
+    context
+        .progress
+        .line("bench", format!("systems: {}", names.join(", ")));
     let mut rows: Vec<Row> = Vec::new();
     for suite in &suites {
         context.progress.line(suite, "starting");
         let suite_rows = match *suite {
             "durability" => suites::durability::run(&context)?,
             "group-commit" => suites::group_commit::run(&context)?,
+            "sqlite-compare" => suites::sqlite_compare::run(&context)?,
             "mvcc" => suites::mvcc::run(&context)?,
+            "recovery" => suites::recovery::run(&context)?,
+            "scale" => suites::scale::run(&context)?,
+            "cpu-accounting" => suites::cpu_accounting::run(&context)?,
             other => bail!("suite `{other}` has no runner"),
         };
         context
@@ -188,8 +287,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let machine = machine_facts(&context, &rows)?;
     let report = Report::new(machine, rows);
-    let preamble = preamble(&context, &args);
-    let markdown = markdown::render_report(&report, &preamble);
+    let preamble = preamble(&context, &selection.notes);
+    let markdown = markdown::render_report(&report, &preamble, &[]);
     print!("{markdown}");
     if let Some(path) = &args.json {
         report.write_json(path)?;
@@ -198,7 +297,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .line("bench", format!("wrote {}", path.display()));
     }
     if let Some(out) = &args.out {
-        write_markdown(out, &markdown)?;
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let charts = match charts::write_all(out, &report) {
+            Ok(charts) => charts,
+            Err(error) => {
+                context
+                    .progress
+                    .line("bench", format!("note: no charts: {error:#}"));
+                Vec::new()
+            }
+        };
+        let with_charts = markdown::render_report(&report, &preamble, &charts);
+        write_markdown(out, &with_charts)?;
+        context.progress.line(
+            "bench",
+            format!(
+                "wrote {} and {} charts",
+                out.join("report.md").display(),
+                charts.len()
+            ),
+        );
     }
     context.progress.line(
         "bench",
@@ -207,25 +325,49 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn preamble(context: &SuiteContext, args: &BenchArgs) -> Vec<String> {
+fn preamble(context: &SuiteContext, notes: &[String]) -> Vec<String> {
     let scale = match context.scale {
         Scale::Full => "full",
         Scale::Quick => "quick",
         Scale::Tiny => "tiny (smoke test; figures not meaningful)",
     };
     let commit = machine::git_commit().unwrap_or_else(|| "unknown".to_string());
-    let peers = if args.peers.trim().is_empty() {
-        "none"
-    } else {
-        args.peers.trim()
-    };
-    vec![
-        format!("Commit: {commit}. Scale: {scale}. Peers: {peers}."),
+    let systems = context.systems();
+    let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
+    let mut lines = vec![
         format!(
-            "Stores in {}; each table names its durability mode.",
+            "Commit: {commit}. Scale: {scale}. Systems: {}.",
+            names.join(", ")
+        ),
+        format!(
+            "Stores in {}; every system runs in the same process, one after another, on the same \
+             disk. Keys are distinct per commit unless a table says otherwise.",
             context.base_dir.display()
         ),
-    ]
+    ];
+    lines.extend(notes.iter().cloned());
+    lines.push(String::new());
+    lines.push("**What each durability mode means for each system**".to_string());
+    lines.push(String::new());
+    let mut table = markdown::Table {
+        title: None,
+        header: vec![
+            "system".to_string(),
+            "sync".to_string(),
+            "periodic".to_string(),
+            "relaxed".to_string(),
+            "checkpoint".to_string(),
+        ],
+        rows: Vec::new(),
+    };
+    for system in &systems {
+        let mut row = vec![system.name().to_string()];
+        row.extend(Mode::ALL.iter().map(|m| system.describe(*m)));
+        row.push(system.describe_checkpoint().to_string());
+        table.rows.push(row);
+    }
+    lines.push(table.render_left_aligned());
+    lines
 }
 
 /// Machine facts; `fdatasync_us_p50` comes from the group-commit suite's baseline when it ran,
@@ -252,7 +394,6 @@ fn machine_facts(context: &SuiteContext, rows: &[Row]) -> anyhow::Result<Machine
 }
 
 fn write_markdown(out: &Path, markdown: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let path = out.join("report.md");
     std::fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))
 }
@@ -279,5 +420,29 @@ mod tests {
         assert_eq!(parse_peers("all").unwrap().len(), KNOWN_PEERS.len());
         assert_eq!(parse_peers("sqlite, redb").unwrap(), ["sqlite", "redb"]);
         assert!(parse_peers("sqlite,oracle").is_err());
+    }
+
+    #[test]
+    fn quick_defaults_to_no_peers_and_lists_are_kept_in_report_order() {
+        let quick = select_peers(None, Scale::Quick).unwrap();
+        assert!(quick.peers.is_empty());
+        assert!(quick.notes[0].contains("--quick"));
+        let full = select_peers(None, Scale::Full).unwrap();
+        assert_eq!(full.peers.len(), peers::compiled().len());
+        let none = select_peers(Some("none"), Scale::Full).unwrap();
+        assert!(none.peers.is_empty() && none.notes.is_empty());
+        let listed = select_peers(Some("fjall,sqlite,fjall"), Scale::Quick).unwrap();
+        let names: Vec<&str> = listed.peers.iter().map(|p| p.name()).collect();
+        let compiled: Vec<&str> = peers::compiled().iter().map(|p| p.name()).collect();
+        let expected: Vec<&str> = ["sqlite", "fjall"]
+            .into_iter()
+            .filter(|n| compiled.contains(n))
+            .collect();
+        assert_eq!(names, expected);
+        if !compiled.contains(&"rocksdb") {
+            let notes = select_peers(Some("rocksdb"), Scale::Full).unwrap().notes;
+            assert!(notes[0].contains("--features rocksdb"), "{notes:?}");
+        }
+        assert!(select_peers(Some("oracle"), Scale::Full).is_err());
     }
 }

@@ -128,7 +128,8 @@ pub fn resident_bytes() -> Option<u64> {
     parse_vm_rss_bytes(&status)
 }
 
-/// The short commit hash of the working directory's git checkout, when there is one.
+/// The short commit hash of the working directory's git checkout, when there is one, with
+/// `+dirty` when tracked files have uncommitted changes (the figures then measured those too).
 pub fn git_commit() -> Option<String> {
     let output = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
@@ -139,7 +140,17 @@ pub fn git_commit() -> Option<String> {
         return None;
     }
     let hash = String::from_utf8(output.stdout).ok()?.trim().to_string();
-    (!hash.is_empty()).then_some(hash)
+    if hash.is_empty() {
+        return None;
+    }
+    let dirty = std::process::Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| !o.stdout.is_empty());
+    Some(if dirty { format!("{hash}+dirty") } else { hash })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! for people and may change freely; tools read the JSON. This module knows nothing about
 //! KeelDB; it must stay compilable without the engine.
 
+use crate::charts::Chart;
 use crate::report::{Report, Row};
 
 /// A rendered-to-be table: a header and rows of cells.
@@ -22,6 +23,15 @@ impl Table {
     /// The table as GitHub-flavoured Markdown: padded columns, the first left-aligned and the
     /// rest right-aligned (they hold numbers). Pipes inside cells are escaped.
     pub fn render(&self) -> String {
+        self.render_aligned(true)
+    }
+
+    /// Like [`Table::render`], with every column left-aligned (for tables of words).
+    pub fn render_left_aligned(&self) -> String {
+        self.render_aligned(false)
+    }
+
+    fn render_aligned(&self, numeric: bool) -> String {
         let columns = self.header.len();
         let cell = |row: &[String], i: usize| row.get(i).map_or(String::new(), |c| escape(c));
         let mut widths: Vec<usize> = (0..columns)
@@ -37,7 +47,7 @@ impl Table {
                 .map(|i| {
                     let text = cell(row, i);
                     let pad = widths[i].saturating_sub(text.chars().count());
-                    if i == 0 {
+                    if i == 0 || !numeric {
                         format!("{text}{}", " ".repeat(pad))
                     } else {
                         format!("{}{text}", " ".repeat(pad))
@@ -55,7 +65,7 @@ impl Table {
             .iter()
             .enumerate()
             .map(|(i, &w)| {
-                if i == 0 {
+                if i == 0 || !numeric {
                     "-".repeat(w)
                 } else {
                     format!("{}:", "-".repeat(w - 1))
@@ -197,8 +207,16 @@ fn readable(case: &str) -> String {
 pub fn suite_tables(suite: &str, rows: &[&Row]) -> Vec<Table> {
     match suite {
         "durability" => durability_tables(rows),
-        "group-commit" => vec![group_commit_table(rows)],
+        "group-commit" => group_commit_tables(rows),
+        "sqlite-compare" => vec![sqlite_compare_table(rows)],
         "mvcc" => mvcc_tables(rows),
+        "recovery" => vec![pivot(
+            rows,
+            "system, case",
+            |r| format!("{} {} ({})", r.system, readable(&r.case), r.config),
+            |r| metric_header(&r.metric),
+        )],
+        "scale" => vec![scale_table(rows)],
         _ => vec![pivot(
             rows,
             "case",
@@ -208,54 +226,182 @@ pub fn suite_tables(suite: &str, rows: &[&Row]) -> Vec<Table> {
     }
 }
 
-/// Seed 004's layout: operations down, durability modes across, latency and throughput apart.
+/// Position of `value` in `order`, unknown values last.
+fn rank(order: &[String], value: &str) -> usize {
+    order.iter().position(|v| v == value).unwrap_or(usize::MAX)
+}
+
+fn first_appearance(rows: &[&Row], field: impl Fn(&Row) -> &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for row in rows {
+        let value = field(row);
+        if !out.iter().any(|v| v == value) {
+            out.push(value.to_string());
+        }
+    }
+    out
+}
+
+/// Seed 004's layout: operations down (each with a line per system), durability modes across,
+/// latency and throughput apart.
 fn durability_tables(rows: &[&Row]) -> Vec<Table> {
+    let systems = first_appearance(rows, |r| &r.system);
+    let cases = first_appearance(rows, |r| &r.case);
+    let metrics = first_appearance(rows, |r| &r.metric);
+    let mut sorted: Vec<&Row> = rows.to_vec();
+    sorted.sort_by_key(|r| {
+        (
+            rank(&cases, &r.case),
+            rank(&metrics, &r.metric),
+            rank(&systems, &r.system),
+        )
+    });
     let (throughput, latency): (Vec<&Row>, Vec<&Row>) =
-        rows.iter().partition(|r| r.metric.ends_with("_per_s"));
+        sorted.iter().partition(|r| r.metric.ends_with("_per_s"));
     let latency = pivot(
         &latency,
         "operation",
-        |r| format!("{} {}", readable(&r.case), split_unit(&r.metric).0),
+        |r| {
+            format!(
+                "{} {}, {}",
+                readable(&r.case),
+                split_unit(&r.metric).0,
+                r.system
+            )
+        },
         |r| format!("{} (µs)", r.config),
     );
     let throughput = pivot(
         &throughput,
         "operation",
-        |r| readable(&r.case),
+        |r| format!("{}, {}", readable(&r.case), r.system),
         |r| format!("{} (ops/s)", r.config),
     );
     vec![titled(latency, "Latency"), titled(throughput, "Throughput")]
 }
 
-/// Writer counts down, metrics across, plus each row's throughput as a multiple of the
-/// raw-fdatasync baseline (above 1× means commits share fdatasyncs).
-fn group_commit_table(rows: &[&Row]) -> Table {
-    let label = |r: &Row| {
-        if r.system == "raw-fdatasync" {
-            "raw fdatasync (4 KiB append)".to_string()
-        } else {
-            format!("{} {}, {}", r.system, r.config, readable(&r.case))
-        }
+/// Writer counts down, systems across: commits per second (with KeelDB's commits per
+/// fdatasync and its ratio to the best peer), then p50 / p99 latency. The raw-fdatasync
+/// baseline is named in the first title.
+fn group_commit_tables(rows: &[&Row]) -> Vec<Table> {
+    let systems: Vec<String> = first_appearance(rows, |r| &r.system)
+        .into_iter()
+        .filter(|s| s != "raw-fdatasync")
+        .collect();
+    let cases: Vec<String> = first_appearance(rows, |r| &r.case)
+        .into_iter()
+        .filter(|c| c.starts_with("writers_"))
+        .collect();
+    let value = |system: &str, case: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r.system == system && r.case == case && r.metric == metric)
+            .map(|r| r.value)
     };
-    let mut table = pivot(rows, "system", label, |r| metric_header(&r.metric));
-    let baseline = rows
-        .iter()
-        .find(|r| r.system == "raw-fdatasync" && r.metric == "commits_per_s")
-        .map(|r| r.value);
-    table.header.push("× raw fdatasync".to_string());
-    for table_row in &mut table.rows {
-        let label_text = table_row.first().cloned().unwrap_or_default();
-        let commits = rows
-            .iter()
-            .find(|r| r.metric == "commits_per_s" && label(r) == label_text)
-            .map(|r| r.value);
-        let ratio = match (commits, baseline) {
-            (Some(c), Some(b)) if b > 0.0 => format!("{:.2}×", c / b),
-            _ => "—".to_string(),
-        };
-        table_row.push(ratio);
+    let raw = |metric: &str| {
+        rows.iter()
+            .find(|r| r.system == "raw-fdatasync" && r.metric == metric)
+            .map(|r| r.value)
+    };
+    let peers: Vec<&String> = systems.iter().filter(|s| *s != "keeldb").collect();
+    let mut commits = Table {
+        title: Some(match (raw("commits_per_s"), raw("p50_us")) {
+            (Some(c), Some(p)) => format!(
+                "Commits/s, sync, one key per commit (raw fdatasync baseline: {}/s, p50 {} µs)",
+                format_value(c),
+                format_value(p)
+            ),
+            _ => "Commits/s, sync, one key per commit".to_string(),
+        }),
+        header: vec!["writers".to_string()],
+        rows: Vec::new(),
+    };
+    commits.header.extend(systems.iter().cloned());
+    let has_keel = systems.iter().any(|s| s == "keeldb");
+    if has_keel {
+        commits.header.push("keeldb commits/fdatasync".to_string());
+        commits.header.push("keeldb × raw fdatasync".to_string());
+        if !peers.is_empty() {
+            commits.header.push("keeldb × best peer".to_string());
+        }
     }
-    table
+    let mut latency = Table {
+        title: Some("Commit latency p50 / p99 (µs), sync".to_string()),
+        header: vec!["writers".to_string()],
+        rows: Vec::new(),
+    };
+    latency.header.extend(systems.iter().cloned());
+    let cell = |v: Option<f64>| v.map_or_else(|| "—".to_string(), format_value);
+    for case in &cases {
+        let label = case.trim_start_matches("writers_").to_string();
+        let mut row = vec![label.clone()];
+        row.extend(
+            systems
+                .iter()
+                .map(|s| cell(value(s, case, "commits_per_s"))),
+        );
+        if has_keel {
+            let keel = value("keeldb", case, "commits_per_s");
+            row.push(cell(value("keeldb", case, "commits_per_sync")));
+            row.push(match (keel, raw("commits_per_s")) {
+                (Some(k), Some(b)) if b > 0.0 => format!("{:.2}×", k / b),
+                _ => "—".to_string(),
+            });
+            if !peers.is_empty() {
+                let best = peers
+                    .iter()
+                    .filter_map(|p| value(p, case, "commits_per_s"))
+                    .fold(0.0, f64::max);
+                row.push(match keel {
+                    Some(k) if best > 0.0 => format!("{:.2}×", k / best),
+                    _ => "—".to_string(),
+                });
+            }
+        }
+        commits.rows.push(row);
+        let mut row = vec![label];
+        row.extend(systems.iter().map(|s| {
+            match (value(s, case, "p50_us"), value(s, case, "p99_us")) {
+                (Some(p50), Some(p99)) => format!("{} / {}", format_value(p50), format_value(p99)),
+                _ => "—".to_string(),
+            }
+        }));
+        latency.rows.push(row);
+    }
+    vec![commits, latency]
+}
+
+/// Cases down, each system and configuration across (seed 001's comparisons side by side).
+fn sqlite_compare_table(rows: &[&Row]) -> Table {
+    titled(
+        pivot(
+            rows,
+            "case",
+            |r| format!("{} {}", readable(&r.case), split_unit(&r.metric).0),
+            |r| format!("{} {} (µs)", r.system, r.config),
+        ),
+        "Latency (µs); delete-full = journal_mode=DELETE, synchronous=FULL; wal-full / wal-normal = journal_mode=WAL, synchronous=FULL / NORMAL",
+    )
+}
+
+/// Table sizes down, metrics across; the `sync` commit figures say so in their header.
+fn scale_table(rows: &[&Row]) -> Table {
+    pivot(
+        rows,
+        "keys",
+        |r| {
+            let count = r.case.trim_start_matches("keys_");
+            count
+                .parse::<f64>()
+                .map_or_else(|_| count.to_string(), format_value)
+        },
+        |r| {
+            if r.config == "sync" {
+                format!("sync {}", metric_header(&r.metric))
+            } else {
+                metric_header(&r.metric)
+            }
+        },
+    )
 }
 
 /// Seed 003's tables: transaction overhead split by phase, read cost against version-chain
@@ -312,7 +458,7 @@ fn mvcc_tables(rows: &[&Row]) -> Vec<Table> {
                 let count = count
                     .parse::<f64>()
                     .map_or_else(|_| count.to_string(), format_value);
-                format!("{count} keys ({})", r.config)
+                format!("{}: {count} keys ({})", r.system, r.config)
             },
             |r| metric_header(&r.metric),
         );
@@ -337,7 +483,7 @@ fn mvcc_tables(rows: &[&Row]) -> Vec<Table> {
 
 /// The whole report as Markdown: a header naming the machine, then a section per suite in the
 /// order the suites ran. `preamble` lines (commit, mode) go under the heading.
-pub fn render_report(report: &Report, preamble: &[String]) -> String {
+pub fn render_report(report: &Report, preamble: &[String], charts: &[Chart]) -> String {
     let m = &report.machine;
     let mut out = String::from("# keel bench\n\n");
     out.push_str(&format!(
@@ -363,6 +509,9 @@ pub fn render_report(report: &Report, preamble: &[String]) -> String {
         for table in suite_tables(suite, &rows) {
             out.push('\n');
             out.push_str(&table.render());
+        }
+        for chart in charts.iter().filter(|c| c.suite == suite) {
+            out.push_str(&format!("\n![{}]({})\n", chart.title, chart.file));
         }
     }
     out
@@ -448,7 +597,10 @@ mod tests {
     }
 
     #[test]
-    fn group_commit_table_has_ratio_column() {
+    fn group_commit_tables_put_systems_across_with_ratios() {
+        let gc = |system: &str, case: &str, metric: &str, value: f64| {
+            row("group-commit", system, "sync", case, metric, value)
+        };
         let rows = [
             row(
                 "group-commit",
@@ -466,38 +618,43 @@ mod tests {
                 "p50_us",
                 900.0,
             ),
-            row(
-                "group-commit",
-                "keeldb",
-                "sync",
-                "writers_1",
-                "commits_per_s",
-                800.0,
-            ),
-            row(
-                "group-commit",
-                "keeldb",
-                "sync",
-                "writers_8",
-                "commits_per_s",
-                4000.0,
-            ),
+            gc("keeldb", "writers_1", "commits_per_s", 800.0),
+            gc("keeldb", "writers_1", "p50_us", 1200.0),
+            gc("keeldb", "writers_1", "p99_us", 2000.0),
+            gc("keeldb", "writers_1", "commits_per_sync", 1.0),
+            gc("keeldb", "writers_8", "commits_per_s", 4000.0),
+            gc("sqlite", "writers_1", "commits_per_s", 1000.0),
+            gc("sqlite", "writers_8", "commits_per_s", 1000.0),
         ];
         let refs: Vec<&Row> = rows.iter().collect();
-        let table = group_commit_table(&refs);
+        let tables = suite_tables("group-commit", &refs);
+        assert_eq!(tables.len(), 2);
+        let commits = &tables[0];
+        assert!(commits
+            .title
+            .as_deref()
+            .unwrap()
+            .contains("1,000/s, p50 900 µs"));
         assert_eq!(
-            table.header,
-            ["system", "commits/s", "p50 (µs)", "× raw fdatasync"]
+            commits.header,
+            [
+                "writers",
+                "keeldb",
+                "sqlite",
+                "keeldb commits/fdatasync",
+                "keeldb × raw fdatasync",
+                "keeldb × best peer"
+            ]
         );
         assert_eq!(
-            table.rows[0],
-            ["raw fdatasync (4 KiB append)", "1,000", "900", "1.00×"]
+            commits.rows[0],
+            ["1", "800", "1,000", "1.00", "0.80×", "0.80×"]
         );
         assert_eq!(
-            table.rows[1],
-            ["keeldb sync, writers 1", "800", "—", "0.80×"]
+            commits.rows[1],
+            ["8", "4,000", "1,000", "—", "4.00×", "4.00×"]
         );
-        assert_eq!(table.rows[2][3], "4.00×");
+        assert_eq!(tables[1].rows[0], ["1", "1,200 / 2,000", "—"]);
     }
 
     #[test]
@@ -505,6 +662,8 @@ mod tests {
         let rows = [
             row("durability", "keeldb", "sync", "create", "avg_us", 100.0),
             row("durability", "keeldb", "relaxed", "create", "avg_us", 5.0),
+            row("durability", "keeldb", "sync", "read", "avg_us", 0.5),
+            row("durability", "sqlite", "sync", "create", "avg_us", 200.0),
             row(
                 "durability",
                 "keeldb",
@@ -518,7 +677,14 @@ mod tests {
         let tables = suite_tables("durability", &refs);
         assert_eq!(tables.len(), 2);
         assert_eq!(tables[0].header, ["operation", "sync (µs)", "relaxed (µs)"]);
-        assert_eq!(tables[0].rows, [["create avg", "100", "5.00"]]);
+        assert_eq!(
+            tables[0].rows,
+            [
+                ["create avg, keeldb", "100", "5.00"],
+                ["create avg, sqlite", "200", "—"],
+                ["read avg, keeldb", "0.50", "—"]
+            ]
+        );
         assert_eq!(tables[1].header, ["operation", "sync (ops/s)"]);
     }
 
@@ -559,7 +725,14 @@ mod tests {
                 row("other", "keeldb", "x", "y", "z_ns", 1.0),
             ],
         );
-        let text = render_report(&report, &["Commit: abc".to_string()]);
+        let chart = Chart {
+            suite: "mvcc".into(),
+            title: "Reads".into(),
+            file: "reads.png".into(),
+        };
+        let text = render_report(&report, &["Commit: abc".to_string()], &[chart]);
+        assert!(text.contains("\n![Reads](reads.png)\n"));
+        assert!(text.find("![Reads]").unwrap() < text.find("## other").unwrap());
         assert!(text.starts_with(
             "# keel bench\n\nMachine: 2 CPUs, linux, file system ext4, fdatasync p50 140 µs"
         ));

@@ -96,6 +96,12 @@ enum Command {
     },
     /// Print the key-value pairs of TABLE in key order, one `KEY<TAB>VALUE` per line.
     Scan(ScanCommand),
+    /// The benchmark's helper process (recovery and scale suites); not for direct use.
+    #[command(name = "__bench-child", hide = true)]
+    BenchChild {
+        /// The JSON task description.
+        spec: String,
+    },
 }
 
 /// Shared by the commands that take keys or values.
@@ -116,14 +122,16 @@ struct BenchCommand {
     #[arg(long = "suite", value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(keel_bench::SUITES))]
     suites: Vec<String>,
     /// Peer systems to compare side by side: `none`, `all`, or a comma-separated list
-    /// (sqlite, redb, lmdb, surrealkv, rocksdb, fjall). Peer adapters arrive in a later issue;
-    /// only `none` runs today.
-    #[arg(long, value_name = "LIST|all|none", default_value = "none")]
-    peers: String,
+    /// (sqlite, redb, lmdb, surrealkv, rocksdb, fjall). Default: every peer compiled into this
+    /// build for a full run, none with --quick. Peers not compiled in are skipped with a note
+    /// (build with `--features rocksdb` or `all-peers` for RocksDB).
+    #[arg(long, value_name = "LIST|all|none")]
+    peers: Option<String>,
     /// Also write the results as JSON (schema `keel-bench/1`) to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Also write the Markdown report to DIR/report.md.
+    /// Also write DIR/report.md and PNG charts (commits/s vs writers, latency percentiles,
+    /// point reads, reopen times, scale curves) that it embeds.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Create the benchmark's temporary stores under DIR (default: the system temp directory).
@@ -204,7 +212,9 @@ fn main() -> ExitCode {
 fn run(command: Command) -> Result<u8, Failure> {
     match command {
         Command::Bench(bench) => {
-            keel_bench::parse_peers(&bench.peers).map_err(Failure::usage)?;
+            if let Some(peers) = &bench.peers {
+                keel_bench::parse_peers(peers).map_err(Failure::usage)?;
+            }
             let args = keel_bench::BenchArgs {
                 quick: bench.quick,
                 suites: bench.suites,
@@ -213,8 +223,13 @@ fn run(command: Command) -> Result<u8, Failure> {
                 out: bench.out,
                 dir: bench.dir,
                 tiny: bench.tiny,
+                child_command: None,
             };
             keel_bench::run(args).map_err(Failure::runtime)?;
+            Ok(0)
+        }
+        Command::BenchChild { spec } => {
+            keel_bench::child_main(&spec).map_err(Failure::runtime)?;
             Ok(0)
         }
         Command::Verify { path } => commands::verify(&path),
@@ -296,7 +311,7 @@ mod tests {
         };
         assert_eq!(bench.suites, ["mvcc", "durability"]);
         assert!(bench.quick && bench.tiny);
-        assert_eq!(bench.peers, "none");
+        assert_eq!(bench.peers, None);
     }
 
     #[test]

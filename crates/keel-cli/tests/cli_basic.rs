@@ -279,7 +279,9 @@ fn bench_smoke_run_writes_schema_json() {
         let object = row.as_object().unwrap();
         assert_eq!(object.len(), 6, "{row}");
         assert_eq!(row["suite"], "mvcc");
-        assert_eq!(row["system"], "keeldb");
+        // `--peers sqlite` adds SQLite's point reads beside keeldb's when the peer is compiled in.
+        let system = row["system"].as_str().unwrap();
+        assert!(["keeldb", "sqlite"].contains(&system), "{row}");
         for field in ["config", "case", "metric"] {
             assert!(!row[field].as_str().unwrap().is_empty(), "{row}");
         }
@@ -288,6 +290,11 @@ fn bench_smoke_run_writes_schema_json() {
             .unwrap_or_else(|| panic!("non-numeric value in {row}"));
         assert!(value.is_finite() && value >= 0.0, "{row}");
     }
+    assert_eq!(
+        rows.iter().any(|r| r["system"] == "sqlite"),
+        cfg!(feature = "peers"),
+        "sqlite rows exactly when the peers are compiled in"
+    );
     for case in ["depth_50", "txn_one_put"] {
         assert!(
             rows.iter().any(|r| r["case"] == case),

@@ -1,11 +1,15 @@
-//! The benchmark suites. Each `run` opens KeelDB stores in fresh temporary directories from the
-//! [`crate::SuiteContext`], measures, and returns flat rows; none prints Markdown or writes
-//! files outside its temporary directories. This is the only part of the harness that calls
-//! the engine.
+//! The benchmark suites. Each `run` opens stores (KeelDB and the selected peers, through
+//! [`crate::peers`]) in fresh temporary directories from the [`crate::SuiteContext`],
+//! measures, and returns flat rows; none prints Markdown or writes files outside its temporary
+//! directories.
 
+pub mod cpu_accounting;
 pub mod durability;
 pub mod group_commit;
 pub mod mvcc;
+pub mod recovery;
+pub mod scale;
+pub mod sqlite_compare;
 
 use std::path::Path;
 

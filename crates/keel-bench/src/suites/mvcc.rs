@@ -2,7 +2,8 @@
 //! (in `relaxed`, which measures the engine, and in `sync`, which adds the fdatasync); point
 //! reads against version-chain depth, from a new snapshot (newest version) and from an old one
 //! held open across the overwrites (oldest version); and point reads and resident memory per
-//! key over a large table (1M keys of 16 bytes with 100-byte values).
+//! key over a large table (1M keys of 16 bytes with 100-byte values), with every selected
+//! peer's point reads over the same table beside KeelDB's.
 //!
 //! Phases are timed with a clock read around each; totals are timed as a batch without inner
 //! clock reads, so `total` can be lower than the sum of the phases.
@@ -15,6 +16,7 @@ use keeldb::{Database, Durability, TxnOptions};
 
 use super::{key16, open, value_bytes, IndexStream};
 use crate::machine::resident_bytes;
+use crate::peers::{Mode, System};
 use crate::report::Row;
 use crate::timing::{per_second, Budget};
 use crate::{Scale, SuiteContext};
@@ -29,6 +31,8 @@ struct Plan {
     large_keys: u64,
     large_reads: u64,
     load_batch: u64,
+    /// Time limit for one peer's point reads, in seconds.
+    peer_read_s: f64,
 }
 
 fn plan(scale: Scale) -> Plan {
@@ -42,6 +46,7 @@ fn plan(scale: Scale) -> Plan {
             large_keys: 1_000_000,
             large_reads: 2_000_000,
             load_batch: 10_000,
+            peer_read_s: 3.0,
         },
         Scale::Quick => Plan {
             txn_relaxed: Budget::new(1_000, 200_000, ms(250)),
@@ -51,6 +56,7 @@ fn plan(scale: Scale) -> Plan {
             large_keys: 1_000_000,
             large_reads: 500_000,
             load_batch: 10_000,
+            peer_read_s: 0.5,
         },
         Scale::Tiny => Plan {
             txn_relaxed: Budget::new(100, 1_000, ms(20)),
@@ -60,6 +66,7 @@ fn plan(scale: Scale) -> Plan {
             large_keys: 20_000,
             large_reads: 10_000,
             load_batch: 5_000,
+            peer_read_s: 0.05,
         },
     }
 }
@@ -85,7 +92,78 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
 
     let dir = context.temp_dir(SUITE)?;
     rows.extend(large_table(context, dir.path(), &plan)?);
+    drop(dir);
+    for peer in &context.peers {
+        let dir = context.temp_dir(SUITE)?;
+        rows.extend(peer_point_reads(context, *peer, dir.path(), &plan)?);
+    }
     Ok(rows)
+}
+
+/// The same large table in a peer (relaxed, loaded in transactions of `load_batch` keys), then
+/// point reads in the same pseudo-random order from one reader (snapshot), bounded in time so
+/// a slow peer cannot stall the run.
+fn peer_point_reads(
+    context: &SuiteContext,
+    peer: &dyn System,
+    dir: &std::path::Path,
+    plan: &Plan,
+) -> anyhow::Result<Vec<Row>> {
+    let n = plan.large_keys;
+    let name = peer.name();
+    let store = peer.open(dir, Mode::Relaxed)?;
+    let value = value_bytes(100, 42);
+    let started = Instant::now();
+    let mut next = 0u64;
+    while next < n {
+        let end = (next + plan.load_batch).min(n);
+        let keys: Vec<[u8; 16]> = (next..end).map(key16).collect();
+        let puts: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &value[..])).collect();
+        store.write(None, &puts)?;
+        next = end;
+    }
+    let load_elapsed = started.elapsed();
+    let mut reader = store.reader()?;
+    let mut order = IndexStream::new(0xbead, n);
+    let (mut reads, mut found) = (0u64, 0u64);
+    let limit = Duration::from_secs_f64(plan.peer_read_s);
+    let started = Instant::now();
+    while reads < plan.large_reads && (reads == 0 || started.elapsed() < limit) {
+        for _ in 0..1_000 {
+            if black_box(reader.get(&key16(order.next_index()))?).is_some() {
+                found += 1;
+            }
+        }
+        reads += 1_000;
+    }
+    let read_elapsed = started.elapsed();
+    drop(reader);
+    ensure!(
+        found == reads,
+        "{name}: {} of {reads} reads of loaded keys found nothing",
+        reads - found
+    );
+    store.close()?;
+    let read_ns = read_elapsed.as_nanos() as f64 / reads.max(1) as f64;
+    context.progress.line(
+        SUITE,
+        format!(
+            "{name} {n} keys: loaded in {:.2} s, {read_ns:.0} ns/read over {reads} reads",
+            load_elapsed.as_secs_f64()
+        ),
+    );
+    let case = format!("keys_{n}");
+    Ok(vec![
+        Row::new(SUITE, name, "relaxed", &case, "read_ns", read_ns),
+        Row::new(
+            SUITE,
+            name,
+            "relaxed",
+            &case,
+            "load_keys_per_s",
+            per_second(n, load_elapsed),
+        ),
+    ])
 }
 
 fn txn_options(durability: Durability) -> TxnOptions {
