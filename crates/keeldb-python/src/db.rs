@@ -130,7 +130,7 @@ impl Database {
             match result {
                 Err(e) if is_conflict(py, &e) && attempt < max_attempts => {
                     drop(tx.get().shared.take());
-                    py.allow_threads(|| backoff(attempt));
+                    py.allow_threads(|| keeldb::conflict_backoff(attempt));
                 }
                 Err(e) => {
                     drop(tx.get().shared.take());
@@ -208,18 +208,6 @@ impl Database {
     fn __repr__(&self) -> String {
         format!("keeldb.Database({:?})", self.db.path())
     }
-}
-
-/// Sleeps a random time below a cap that doubles per attempt (1 µs .. 1 ms), so conflicting
-/// retriers spread out.
-fn backoff(attempt: u32) {
-    let cap_us = 1u64 << attempt.min(10);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let mut x = u64::from(nanos) ^ (u64::from(attempt) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::thread::sleep(Duration::from_micros(x % cap_us + 1));
 }
 
 /// What `keeldb.verify` found.

@@ -289,11 +289,7 @@ impl Database {
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Database> {
         let dir = path.as_ref().to_owned();
         let fs = Arc::clone(&options.fs);
-        if let Durability::Periodic(d) = options.durability {
-            if d.is_zero() {
-                return Err(Error::InvalidArgument("periodic durability needs a non-zero interval".into()));
-            }
-        }
+        options.durability.validate()?;
         if fs.exists(&dir).map_err(|e| Error::io(&dir, e))? {
             check_identity(fs.as_ref(), &dir)?;
         } else {
@@ -376,11 +372,7 @@ impl Database {
     /// Starts a write transaction with per-transaction overrides.
     pub fn begin_write_with(&self, opts: TxnOptions) -> Result<WriteTxn> {
         let durability = opts.durability.unwrap_or(self.inner.options.durability);
-        if let Durability::Periodic(d) = durability {
-            if d.is_zero() {
-                return Err(Error::InvalidArgument("periodic durability needs a non-zero interval".into()));
-            }
-        }
+        durability.validate()?;
         let isolation = opts.isolation.unwrap_or(self.inner.options.isolation);
         let (budget, timeout) = self.limits(&opts);
         Ok(WriteTxn::new(Snapshot::take(&self.inner)?, durability, isolation, opts.tag, budget, timeout))
@@ -402,7 +394,7 @@ impl Database {
             match result {
                 Err(e) if e.is_retryable() && attempt < 100 => {
                     attempt += 1;
-                    backoff(attempt);
+                    conflict_backoff(attempt);
                 }
                 other => return other,
             }
@@ -477,8 +469,9 @@ impl Database {
 }
 
 /// Sleeps a random time below an exponentially growing cap (1 us, 2 us, ... 1 ms), so that
-/// conflicting retriers spread out instead of colliding again.
-fn backoff(attempt: u32) {
+/// conflicting retriers spread out instead of colliding again. [`Database::transact`] uses it
+/// between attempts; bindings with their own retry loop call it too.
+pub fn conflict_backoff(attempt: u32) {
     let cap_us = 1u64 << attempt.min(10);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let mut x = u64::from(nanos) ^ (u64::from(attempt) << 32) ^ 0x9e37_79b9_7f4a_7c15;

@@ -42,7 +42,7 @@ mod txn;
 mod verify;
 mod wal;
 
-pub use db::{CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
+pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};

@@ -46,6 +46,16 @@ impl Durability {
         }
     }
 
+    /// Refuses a periodic interval of zero (it would mean "sync", spelled confusingly).
+    pub fn validate(self) -> crate::Result<()> {
+        match self {
+            Durability::Periodic(d) if d.is_zero() => {
+                Err(crate::Error::InvalidArgument("periodic durability needs a non-zero interval".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Short name used in reports: `sync`, `periodic`, `relaxed`.
     pub fn name(self) -> &'static str {
         match self {

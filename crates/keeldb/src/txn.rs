@@ -359,12 +359,12 @@ impl WriteTxn {
         crate::Database::from_inner(std::sync::Arc::clone(&self.snap.db))
     }
 
-    fn table_entry(&mut self, table: &str) -> &mut TableWrites {
+    /// The write set of `table`, created on first use (the name is allocated only then).
+    fn table_entry(&mut self, table: &str) -> Result<&mut TableWrites> {
         if !self.tables.contains_key(table) {
             self.tables.insert(Arc::from(table), TableWrites::default());
         }
-        // Just inserted when absent.
-        self.tables.get_mut(table).unwrap_or_else(|| unreachable!())
+        self.tables.get_mut(table).ok_or_else(|| Error::InvalidArgument(format!("table {table:?} vanished from the write set")))
     }
 
     fn record_read(&mut self, table: &str, item: ReadItem) {
@@ -392,7 +392,7 @@ impl WriteTxn {
             return Err(Error::LimitExceeded { what: "value", actual: value.len(), limit: MAX_VALUE_BYTES });
         }
         self.add_bytes(key.len() + value.len() + 16)?;
-        self.table_entry(table).writes.insert(key.to_vec(), Some(value.to_vec()));
+        self.table_entry(table)?.writes.insert(key.to_vec(), Some(value.to_vec()));
         Ok(())
     }
 
@@ -402,7 +402,7 @@ impl WriteTxn {
         check_key(key)?;
         self.meter()?;
         self.add_bytes(key.len() + 16)?;
-        self.table_entry(table).writes.insert(key.to_vec(), None);
+        self.table_entry(table)?.writes.insert(key.to_vec(), None);
         Ok(())
     }
 
@@ -412,7 +412,7 @@ impl WriteTxn {
         check_table_name(table)?;
         self.meter()?;
         let existed_before = self.snap.tables().iter().any(|t| t == table);
-        let entry = self.table_entry(table);
+        let entry = self.table_entry(table)?;
         let has_writes = entry.writes.values().any(Option::is_some);
         let existed = has_writes || (existed_before && !entry.dropped);
         entry.dropped = entry.dropped || existed_before;
