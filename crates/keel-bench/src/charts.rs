@@ -39,10 +39,7 @@ const FONT_CANDIDATES: [&str; 4] = [
 fn ensure_font() -> anyhow::Result<()> {
     static FONT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let result = FONT.get_or_init(|| {
-        let mut candidates: Vec<PathBuf> = std::env::var_os("KEEL_BENCH_FONT")
-            .map(PathBuf::from)
-            .into_iter()
-            .collect();
+        let mut candidates: Vec<PathBuf> = std::env::var_os("KEEL_BENCH_FONT").map(PathBuf::from).into_iter().collect();
         candidates.extend(FONT_CANDIDATES.iter().map(PathBuf::from));
         for path in candidates {
             if let Ok(bytes) = std::fs::read(&path) {
@@ -54,11 +51,9 @@ fn ensure_font() -> anyhow::Result<()> {
                 }
             }
         }
-        Err(
-            "no TrueType font found: install fonts-dejavu-core (apt-get install -y \
+        Err("no TrueType font found: install fonts-dejavu-core (apt-get install -y \
              fonts-dejavu-core) or set KEEL_BENCH_FONT to a .ttf file"
-                .to_string(),
-        )
+            .to_string())
     });
     match result {
         Ok(_) => Ok(()),
@@ -70,66 +65,26 @@ fn ensure_font() -> anyhow::Result<()> {
 pub fn write_all(out: &Path, report: &Report) -> anyhow::Result<Vec<Chart>> {
     ensure_font()?;
     let mut charts = Vec::new();
-    let mut add =
-        |suite: &str, title: &str, file: &str, written: anyhow::Result<bool>| match written {
-            Ok(true) => charts.push(Chart {
-                suite: suite.to_string(),
-                title: title.to_string(),
-                file: file.to_string(),
-            }),
-            Ok(false) => {}
-            Err(error) => eprintln!("keel bench: chart {file} failed: {error:#}"),
-        };
+    let mut add = |suite: &str, title: &str, file: &str, written: anyhow::Result<bool>| match written {
+        Ok(true) => charts.push(Chart { suite: suite.to_string(), title: title.to_string(), file: file.to_string() }),
+        Ok(false) => {}
+        Err(error) => eprintln!("keel bench: chart {file} failed: {error:#}"),
+    };
     let rows = &report.rows;
     let t = "Durable commits/s vs writers (sync, one key per commit, log scales)";
-    add(
-        "group-commit",
-        t,
-        "group_commit.png",
-        group_commit(&out.join("group_commit.png"), rows, t),
-    );
+    add("group-commit", t, "group_commit.png", group_commit(&out.join("group_commit.png"), rows, t));
     let t = "Commit latency percentiles per system (sync), µs, log scale";
-    add(
-        "group-commit",
-        t,
-        "commit_latency.png",
-        commit_latency(&out.join("commit_latency.png"), rows, t),
-    );
+    add("group-commit", t, "commit_latency.png", commit_latency(&out.join("commit_latency.png"), rows, t));
     let t = "Single create latency by durability mode (avg µs, log scale)";
-    add(
-        "durability",
-        t,
-        "durability_create.png",
-        durability(&out.join("durability_create.png"), rows, t),
-    );
+    add("durability", t, "durability_create.png", durability(&out.join("durability_create.png"), rows, t));
     let t = "sqlite-compare: KeelDB vs SQLite (µs, log scale)";
-    add(
-        "sqlite-compare",
-        t,
-        "sqlite_compare.png",
-        sqlite_compare(&out.join("sqlite_compare.png"), rows, t),
-    );
+    add("sqlite-compare", t, "sqlite_compare.png", sqlite_compare(&out.join("sqlite_compare.png"), rows, t));
     let t = "Point read from one snapshot (ns, log scale)";
-    add(
-        "mvcc",
-        t,
-        "point_reads.png",
-        point_reads(&out.join("point_reads.png"), rows, t),
-    );
+    add("mvcc", t, "point_reads.png", point_reads(&out.join("point_reads.png"), rows, t));
     let t = "Reopen after SIGKILL (ms, log scale)";
-    add(
-        "recovery",
-        t,
-        "recovery.png",
-        recovery(&out.join("recovery.png"), rows, t),
-    );
+    add("recovery", t, "recovery.png", recovery(&out.join("recovery.png"), rows, t));
     let t = "KeelDB cost curve from 10^4 keys up";
-    add(
-        "scale",
-        t,
-        "scale.png",
-        scale(&out.join("scale.png"), rows, t),
-    );
+    add("scale", t, "scale.png", scale(&out.join("scale.png"), rows, t));
     Ok(charts)
 }
 
@@ -148,14 +103,7 @@ fn color(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-fn find(
-    rows: &[Row],
-    suite: &str,
-    system: &str,
-    config: &str,
-    case: &str,
-    metric: &str,
-) -> Option<f64> {
+fn find(rows: &[Row], suite: &str, system: &str, config: &str, case: &str, metric: &str) -> Option<f64> {
     rows.iter()
         .find(|r| {
             r.suite == suite
@@ -197,10 +145,8 @@ fn log_range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> 
 
 fn group_commit(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let suite = "group-commit";
-    let systems: Vec<String> = distinct(rows, suite, |r| &r.system)
-        .into_iter()
-        .filter(|s| s != "raw-fdatasync")
-        .collect();
+    let systems: Vec<String> =
+        distinct(rows, suite, |r| &r.system).into_iter().filter(|s| s != "raw-fdatasync").collect();
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for system in &systems {
         let points: Vec<(f64, f64)> = rows
@@ -221,27 +167,16 @@ fn group_commit(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> 
     let raw = find(rows, suite, "raw-fdatasync", "", "single", "commits_per_s");
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut all: Vec<f64> = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-        .collect();
+    let mut all: Vec<f64> = series.iter().flat_map(|(_, p)| p.iter().map(|(_, y)| *y)).collect();
     all.extend(raw);
     let y = log_range(all.into_iter()).context("no values")?;
     // Writers double from one count to the next, so x is log2(writers) on a linear axis, which
     // puts a labelled tick exactly on every count measured.
     let series: Vec<(String, Vec<(f64, f64)>)> = series
         .into_iter()
-        .map(|(name, points)| {
-            (
-                name,
-                points.into_iter().map(|(x, y)| (x.log2(), y)).collect(),
-            )
-        })
+        .map(|(name, points)| (name, points.into_iter().map(|(x, y)| (x.log2(), y)).collect()))
         .collect();
-    let max_x = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(x, _)| *x))
-        .fold(0.0, f64::max);
+    let max_x = series.iter().flat_map(|(_, p)| p.iter().map(|(x, _)| *x)).fold(0.0, f64::max);
     let (x_lo, x_hi) = (-0.25, max_x + 0.25);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 24))
@@ -269,24 +204,15 @@ fn group_commit(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> 
         chart
             .draw_series(LineSeries::new(points.iter().copied(), style))?
             .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(3))
-            });
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(3)));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 5, color(i).filled())))?;
     }
     if let Some(raw) = raw {
         let gray = RGBColor(90, 90, 90);
         chart
-            .draw_series(DashedLineSeries::new(
-                vec![(x_lo, raw), (x_hi, raw)],
-                8,
-                6,
-                gray.stroke_width(2),
-            ))?
+            .draw_series(DashedLineSeries::new(vec![(x_lo, raw), (x_hi, raw)], 8, 6, gray.stroke_width(2)))?
             .label("raw fdatasync (4 KiB append)")
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], gray.stroke_width(2))
-            });
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], gray.stroke_width(2)));
     }
     chart
         .configure_series_labels()
@@ -308,10 +234,7 @@ struct Bars {
 }
 
 fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyhow::Result<()> {
-    let values = bars
-        .series
-        .iter()
-        .flat_map(|(_, v)| v.iter().flatten().copied());
+    let values = bars.series.iter().flat_map(|(_, v)| v.iter().flatten().copied());
     let Some(y) = log_range(values) else {
         return Ok(());
     };
@@ -336,10 +259,7 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyho
         let bars_iter = values.iter().enumerate().filter_map(|(i, v)| {
             let v = (*v)?;
             let x0 = i as f64 - 0.4 + j as f64 * width;
-            Some(Rectangle::new(
-                [(x0, y.start), (x0 + width * 0.92, v)],
-                color(j).filled(),
-            ))
+            Some(Rectangle::new([(x0, y.start), (x0 + width * 0.92, v)], color(j).filled()))
         });
         chart
             .draw_series(bars_iter)?
@@ -351,12 +271,10 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyho
             Some(Text::new(
                 short_number(v),
                 (x, v),
-                ("sans-serif", 12).into_font().color(&BLACK).pos(
-                    plotters::style::text_anchor::Pos::new(
-                        plotters::style::text_anchor::HPos::Center,
-                        plotters::style::text_anchor::VPos::Bottom,
-                    ),
-                ),
+                ("sans-serif", 12).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+                    plotters::style::text_anchor::HPos::Center,
+                    plotters::style::text_anchor::VPos::Bottom,
+                )),
             ))
         });
         chart.draw_series(labels)?;
@@ -368,12 +286,10 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyho
         area.draw(&Text::new(
             name.clone(),
             (px - base_x, py - base_y + 8),
-            ("sans-serif", 15).into_font().color(&BLACK).pos(
-                plotters::style::text_anchor::Pos::new(
-                    plotters::style::text_anchor::HPos::Center,
-                    plotters::style::text_anchor::VPos::Top,
-                ),
-            ),
+            ("sans-serif", 15).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Center,
+                plotters::style::text_anchor::VPos::Top,
+            )),
         ))?;
     }
     if bars.series.len() > 1 {
@@ -390,14 +306,10 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyho
 
 fn commit_latency(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let suite = "group-commit";
-    let systems: Vec<String> = distinct(rows, suite, |r| &r.system)
-        .into_iter()
-        .filter(|s| s != "raw-fdatasync")
-        .collect();
-    let cases: Vec<String> = distinct(rows, suite, |r| &r.case)
-        .into_iter()
-        .filter(|c| c.starts_with("writers_"))
-        .collect();
+    let systems: Vec<String> =
+        distinct(rows, suite, |r| &r.system).into_iter().filter(|s| s != "raw-fdatasync").collect();
+    let cases: Vec<String> =
+        distinct(rows, suite, |r| &r.case).into_iter().filter(|c| c.starts_with("writers_")).collect();
     let (Some(first), Some(last)) = (cases.first(), cases.last()) else {
         return Ok(false);
     };
@@ -409,10 +321,7 @@ fn commit_latency(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool
         let series = ["p50_us", "p99_us"]
             .iter()
             .map(|metric| {
-                let values = systems
-                    .iter()
-                    .map(|s| find(rows, suite, s, "sync", case, metric))
-                    .collect();
+                let values = systems.iter().map(|s| find(rows, suite, s, "sync", case, metric)).collect();
                 (metric.trim_end_matches("_us").to_string(), values)
             })
             .collect();
@@ -439,10 +348,7 @@ fn durability(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let series = ["sync", "periodic", "relaxed"]
         .iter()
         .map(|mode| {
-            let values = systems
-                .iter()
-                .map(|s| find(rows, suite, s, mode, "create", "avg_us"))
-                .collect();
+            let values = systems.iter().map(|s| find(rows, suite, s, mode, "create", "avg_us")).collect();
             (mode.to_string(), values)
         })
         .collect();
@@ -450,12 +356,7 @@ fn durability(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     root.fill(&WHITE)?;
     draw_bars(
         &root,
-        &Bars {
-            title: title.to_string(),
-            y_desc: "create latency (µs)".to_string(),
-            groups: systems,
-            series,
-        },
+        &Bars { title: title.to_string(), y_desc: "create latency (µs)".to_string(), groups: systems, series },
     )?;
     root.present()?;
     Ok(true)
@@ -468,11 +369,7 @@ fn sqlite_compare(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool
         ("write", "avg_us", "write"),
         ("insert_100_one_txn", "total_us", "100 inserts, 1 txn"),
         ("insert_100_individual", "total_us", "100 inserts, 100 txns"),
-        (
-            "concurrent_reads_10x100",
-            "total_us",
-            "10 threads × 100 reads",
-        ),
+        ("concurrent_reads_10x100", "total_us", "10 threads × 100 reads"),
     ];
     let mut configs: Vec<(String, String)> = Vec::new();
     for row in rows.iter().filter(|r| r.suite == suite) {
@@ -487,10 +384,8 @@ fn sqlite_compare(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool
     let series = configs
         .iter()
         .map(|(system, config)| {
-            let values = cases
-                .iter()
-                .map(|(case, metric, _)| find(rows, suite, system, config, case, metric))
-                .collect();
+            let values =
+                cases.iter().map(|(case, metric, _)| find(rows, suite, system, config, case, metric)).collect();
             (format!("{system} {config}"), values)
         })
         .collect();
@@ -511,18 +406,11 @@ fn sqlite_compare(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool
 
 fn point_reads(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let suite = "mvcc";
-    let Some(case) = distinct(rows, suite, |r| &r.case)
-        .into_iter()
-        .rev()
-        .find(|c| c.starts_with("keys_"))
-    else {
+    let Some(case) = distinct(rows, suite, |r| &r.case).into_iter().rev().find(|c| c.starts_with("keys_")) else {
         return Ok(false);
     };
     let systems = distinct(rows, suite, |r| &r.system);
-    let values: Vec<Option<f64>> = systems
-        .iter()
-        .map(|s| find(rows, suite, s, "relaxed", &case, "read_ns"))
-        .collect();
+    let values: Vec<Option<f64>> = systems.iter().map(|s| find(rows, suite, s, "relaxed", &case, "read_ns")).collect();
     let root = BitMapBackend::new(path, (1000, 550)).into_drawing_area();
     root.fill(&WHITE)?;
     draw_bars(
@@ -530,11 +418,7 @@ fn point_reads(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
         &Bars {
             title: format!(
                 "{title}, {} keys",
-                crate::markdown::format_value(
-                    case.trim_start_matches("keys_")
-                        .parse::<f64>()
-                        .unwrap_or(0.0)
-                )
+                crate::markdown::format_value(case.trim_start_matches("keys_").parse::<f64>().unwrap_or(0.0))
             ),
             y_desc: "ns per point read".to_string(),
             groups: systems,
@@ -555,10 +439,7 @@ fn recovery(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let series = cases
         .iter()
         .map(|case| {
-            let values = systems
-                .iter()
-                .map(|s| find(rows, suite, s, "", case, "reopen_ms"))
-                .collect();
+            let values = systems.iter().map(|s| find(rows, suite, s, "", case, "reopen_ms")).collect();
             (case.replace('_', " "), values)
         })
         .collect();
@@ -566,12 +447,7 @@ fn recovery(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     root.fill(&WHITE)?;
     draw_bars(
         &root,
-        &Bars {
-            title: title.to_string(),
-            y_desc: "reopen + first read (ms)".to_string(),
-            groups: systems,
-            series,
-        },
+        &Bars { title: title.to_string(), y_desc: "reopen + first read (ms)".to_string(), groups: systems, series },
     )?;
     root.present()?;
     Ok(true)
@@ -594,48 +470,30 @@ fn scale(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     }
     // x is log10(keys) on a linear axis, so each power of ten gets one labelled tick.
     let curve = |metric: &str| -> Vec<(f64, f64)> {
-        keys.iter()
-            .filter_map(|(case, n)| {
-                Some((n.log10(), find(rows, suite, "keeldb", "", case, metric)?))
-            })
-            .collect()
+        keys.iter().filter_map(|(case, n)| Some((n.log10(), find(rows, suite, "keeldb", "", case, metric)?))).collect()
     };
     let root = BitMapBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 24))?;
     let panels = root.split_evenly((2, 2));
     let specs: [Panel<'_>; 4] = [
-        (
-            "Memory",
-            "resident bytes per key",
-            vec![("bytes/key", "bytes_per_key")],
-        ),
+        ("Memory", "resident bytes per key", vec![("bytes/key", "bytes_per_key")]),
         ("Point read", "ns", vec![("read (one snapshot)", "read_ns")]),
         (
             "One-put commit",
             "µs",
-            vec![
-                ("sync p50", "commit_p50_us"),
-                ("sync p99", "commit_p99_us"),
-                ("relaxed mean", "commit_us"),
-            ],
+            vec![("sync p50", "commit_p50_us"), ("sync p99", "commit_p99_us"), ("relaxed mean", "commit_us")],
         ),
         (
             "Reopen",
             "ms",
-            vec![
-                ("after SIGKILL (WAL replay)", "reopen_wal_ms"),
-                ("from checkpoint", "reopen_checkpoint_ms"),
-            ],
+            vec![("after SIGKILL (WAL replay)", "reopen_wal_ms"), ("from checkpoint", "reopen_checkpoint_ms")],
         ),
     ];
     let max_x = keys.iter().map(|(_, n)| n.log10()).fold(0.0, f64::max);
     let min_x = keys.iter().map(|(_, n)| n.log10()).fold(f64::MAX, f64::min);
     for (panel, (name, unit, metrics)) in panels.iter().zip(specs) {
-        let series: Vec<(&str, Vec<(f64, f64)>)> = metrics
-            .iter()
-            .map(|(label, m)| (*label, curve(m)))
-            .collect();
+        let series: Vec<(&str, Vec<(f64, f64)>)> = metrics.iter().map(|(label, m)| (*label, curve(m))).collect();
         let Some(y) = log_range(series.iter().flat_map(|(_, p)| p.iter().map(|(_, y)| *y))) else {
             continue;
         };
@@ -662,14 +520,9 @@ fn scale(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
             .draw()?;
         for (i, (label, points)) in series.iter().enumerate() {
             chart
-                .draw_series(LineSeries::new(
-                    points.iter().copied(),
-                    color(i).stroke_width(3),
-                ))?
+                .draw_series(LineSeries::new(points.iter().copied(), color(i).stroke_width(3)))?
                 .label(*label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(3))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(3)));
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color(i).filled())))?;
         }
         chart
@@ -703,11 +556,7 @@ pub fn short_number(value: f64) -> String {
     } else {
         format!("{scaled:.2}")
     };
-    let text = if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        text
-    };
+    let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.').to_string() } else { text };
     format!("{text}{suffix}")
 }
 
@@ -731,104 +580,35 @@ mod tests {
             eprintln!("skipping chart drawing: {why:#}");
             return;
         }
-        let mut rows = vec![Row::new(
-            "group-commit",
-            "raw-fdatasync",
-            "4k-append",
-            "single",
-            "commits_per_s",
-            5e3,
-        )];
+        let mut rows = vec![Row::new("group-commit", "raw-fdatasync", "4k-append", "single", "commits_per_s", 5e3)];
         for (i, system) in ["keeldb", "sqlite"].iter().enumerate() {
             let k = (i + 1) as f64;
             for writers in [1u32, 8, 64] {
                 let case = format!("writers_{writers}");
-                for (metric, value) in [
-                    ("commits_per_s", 4e3 * k * f64::from(writers)),
-                    ("p50_us", 200.0),
-                    ("p99_us", 900.0),
-                ] {
-                    rows.push(Row::new(
-                        "group-commit",
-                        system,
-                        "sync",
-                        &case,
-                        metric,
-                        value,
-                    ));
+                for (metric, value) in
+                    [("commits_per_s", 4e3 * k * f64::from(writers)), ("p50_us", 200.0), ("p99_us", 900.0)]
+                {
+                    rows.push(Row::new("group-commit", system, "sync", &case, metric, value));
                 }
             }
             for mode in ["sync", "periodic", "relaxed"] {
-                rows.push(Row::new(
-                    "durability",
-                    system,
-                    mode,
-                    "create",
-                    "avg_us",
-                    10.0 * k,
-                ));
+                rows.push(Row::new("durability", system, mode, "create", "avg_us", 10.0 * k));
             }
-            rows.push(Row::new(
-                "sqlite-compare",
-                system,
-                "sync",
-                "read",
-                "avg_us",
-                k,
-            ));
-            rows.push(Row::new(
-                "mvcc",
-                system,
-                "relaxed",
-                "keys_1000000",
-                "read_ns",
-                500.0 * k,
-            ));
+            rows.push(Row::new("sqlite-compare", system, "sync", "read", "avg_us", k));
+            rows.push(Row::new("mvcc", system, "relaxed", "keys_1000000", "read_ns", 500.0 * k));
             for case in ["wal_300000", "checkpoint_300000"] {
-                rows.push(Row::new(
-                    "recovery",
-                    system,
-                    "relaxed",
-                    case,
-                    "reopen_ms",
-                    100.0 * k,
-                ));
+                rows.push(Row::new("recovery", system, "relaxed", case, "reopen_ms", 100.0 * k));
             }
         }
         for n in [10_000u64, 100_000, 1_000_000] {
             let case = format!("keys_{n}");
-            for metric in [
-                "bytes_per_key",
-                "read_ns",
-                "commit_us",
-                "reopen_wal_ms",
-                "reopen_checkpoint_ms",
-            ] {
-                rows.push(Row::new(
-                    "scale",
-                    "keeldb",
-                    "relaxed",
-                    &case,
-                    metric,
-                    n as f64 / 1e3,
-                ));
+            for metric in ["bytes_per_key", "read_ns", "commit_us", "reopen_wal_ms", "reopen_checkpoint_ms"] {
+                rows.push(Row::new("scale", "keeldb", "relaxed", &case, metric, n as f64 / 1e3));
             }
-            rows.push(Row::new(
-                "scale",
-                "keeldb",
-                "sync",
-                &case,
-                "commit_p50_us",
-                300.0,
-            ));
+            rows.push(Row::new("scale", "keeldb", "sync", &case, "commit_p50_us", 300.0));
         }
         let report = Report::new(
-            crate::report::Machine {
-                cpus: 2,
-                os: "linux".into(),
-                filesystem: "ext4".into(),
-                fdatasync_us_p50: 200.0,
-            },
+            crate::report::Machine { cpus: 2, os: "linux".into(), filesystem: "ext4".into(), fdatasync_us_p50: 200.0 },
             rows,
         );
         let dir = tempfile::tempdir().unwrap();

@@ -85,18 +85,15 @@ pub fn child_main(spec: &str) -> anyhow::Result<()> {
 /// Options for the child's KeelDB stores: relaxed, and no automatic checkpoint, so the whole
 /// history stays in the WAL until the spec asks for a checkpoint.
 pub fn keel_options() -> keeldb::Options {
-    keeldb::Options {
-        checkpoint_wal_bytes: 0,
-        ..keeldb::Options::with_durability(keeldb::Durability::Relaxed)
-    }
+    keeldb::Options { checkpoint_wal_bytes: 0, ..keeldb::Options::with_durability(keeldb::Durability::Relaxed) }
 }
 
 fn open(spec: &ChildSpec) -> anyhow::Result<Box<dyn Store>> {
     if spec.system == "keeldb" {
         return Ok(Box::new(KeelStore::open(&spec.dir, keel_options())?));
     }
-    let system = peers::by_name(&spec.system)
-        .with_context(|| format!("system `{}` is not compiled in", spec.system))?;
+    let system =
+        peers::by_name(&spec.system).with_context(|| format!("system `{}` is not compiled in", spec.system))?;
     system.open(&spec.dir, Mode::Relaxed)
 }
 
@@ -119,17 +116,11 @@ fn fill(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
     let write_s = started.elapsed().as_secs_f64();
     // The store is deliberately not closed: the parent kills this process.
     std::mem::forget(store);
-    Ok(ChildReport {
-        write_s,
-        ..ChildReport::default()
-    })
+    Ok(ChildReport { write_s, ..ChildReport::default() })
 }
 
 fn scale(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
-    ensure!(
-        spec.system == "keeldb",
-        "the scale task measures keeldb only"
-    );
+    ensure!(spec.system == "keeldb", "the scale task measures keeldb only");
     let store = KeelStore::open(&spec.dir, keel_options())?;
     let db = &store.db;
     let value = value_bytes(spec.value_bytes, 42);
@@ -157,8 +148,7 @@ fn scale(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
     let mut found = 0u64;
     let started = Instant::now();
     for _ in 0..spec.reads {
-        if std::hint::black_box(rx.get(peers::keeldb::TABLE, &key16(order.next_index()))?).is_some()
-        {
+        if std::hint::black_box(rx.get(peers::keeldb::TABLE, &key16(order.next_index()))?).is_some() {
             found += 1;
         }
     }
@@ -167,10 +157,7 @@ fn scale(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
     drop(rx);
 
     let one_put = |i: u64, durability: keeldb::Durability| -> anyhow::Result<()> {
-        let options = keeldb::TxnOptions {
-            durability: Some(durability),
-            ..keeldb::TxnOptions::default()
-        };
+        let options = keeldb::TxnOptions { durability: Some(durability), ..keeldb::TxnOptions::default() };
         let mut tx = db.begin_write_with(options)?;
         tx.put("commits", &key16(i), &value)?;
         tx.commit()?;
@@ -232,18 +219,12 @@ pub fn run_and_kill(command: &[String], spec: &ChildSpec) -> anyhow::Result<Chil
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
     if line.trim().is_empty() {
         let status = running.child.wait()?;
-        bail!(
-            "the benchmark helper for {} exited ({status}) without a report",
-            spec.system
-        );
+        bail!("the benchmark helper for {} exited ({status}) without a report", spec.system);
     }
-    let report: ChildReport = serde_json::from_str(line.trim())
-        .with_context(|| format!("parsing the helper's report {line:?}"))?;
+    let report: ChildReport =
+        serde_json::from_str(line.trim()).with_context(|| format!("parsing the helper's report {line:?}"))?;
     // `Child::kill` sends SIGKILL on Unix: no destructor, no close, no final fsync.
-    running
-        .child
-        .kill()
-        .context("killing the benchmark helper")?;
+    running.child.kill().context("killing the benchmark helper")?;
     running.child.wait()?;
     Ok(report)
 }

@@ -39,15 +39,8 @@ pub use crate::child::{child_main, CHILD_COMMAND};
 pub use crate::peers::KNOWN_PEERS;
 
 /// Suite names in the order `keel bench` runs them.
-pub const SUITES: [&str; 7] = [
-    "durability",
-    "group-commit",
-    "sqlite-compare",
-    "mvcc",
-    "recovery",
-    "scale",
-    "cpu-accounting",
-];
+pub const SUITES: [&str; 7] =
+    ["durability", "group-commit", "sqlite-compare", "mvcc", "recovery", "scale", "cpu-accounting"];
 
 /// How much work each suite does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -118,12 +111,7 @@ impl SuiteContext {
         tempfile::Builder::new()
             .prefix(&format!("keel-bench-{label}-"))
             .tempdir_in(&self.base_dir)
-            .with_context(|| {
-                format!(
-                    "creating a temporary directory in {}",
-                    self.base_dir.display()
-                )
-            })
+            .with_context(|| format!("creating a temporary directory in {}", self.base_dir.display()))
     }
 
     /// KeelDB followed by the selected peers.
@@ -143,17 +131,10 @@ impl SuiteContext {
 pub fn select_suites(requested: &[String]) -> anyhow::Result<Vec<&'static str>> {
     for name in requested {
         if !SUITES.contains(&name.as_str()) {
-            bail!(
-                "unknown suite `{name}`; the suites are: {}",
-                SUITES.join(", ")
-            );
+            bail!("unknown suite `{name}`; the suites are: {}", SUITES.join(", "));
         }
     }
-    Ok(SUITES
-        .iter()
-        .copied()
-        .filter(|s| requested.is_empty() || requested.iter().any(|r| r == s))
-        .collect())
+    Ok(SUITES.iter().copied().filter(|s| requested.is_empty() || requested.iter().any(|r| r == s)).collect())
 }
 
 /// Checks `--peers`: `none`, `all`, `default`, or a comma-separated list of known peers.
@@ -170,12 +151,7 @@ pub fn parse_peers(text: &str) -> anyhow::Result<Vec<&'static str>> {
                     .iter()
                     .copied()
                     .find(|p| *p == name)
-                    .with_context(|| {
-                        format!(
-                            "unknown peer `{name}`; known peers: {}",
-                            KNOWN_PEERS.join(", ")
-                        )
-                    })
+                    .with_context(|| format!("unknown peer `{name}`; known peers: {}", KNOWN_PEERS.join(", ")))
             })
             .collect(),
     }
@@ -223,10 +199,7 @@ pub fn select_peers(text: Option<&str>, scale: Scale) -> anyhow::Result<PeerSele
     // Keep report order (the order of `peers::compiled`), whatever order the list used.
     selected.sort_by_key(|p| compiled.iter().position(|c| c.name() == p.name()));
     selected.dedup_by_key(|p| p.name());
-    Ok(PeerSelection {
-        peers: selected,
-        notes,
-    })
+    Ok(PeerSelection { peers: selected, notes })
 }
 
 /// Runs the selected suites and writes the reports. Markdown goes to stdout, progress to
@@ -250,23 +223,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(command) => command.clone(),
         None => {
             let exe = std::env::current_exe().context("locating the keel executable")?;
-            vec![
-                exe.to_string_lossy().into_owned(),
-                CHILD_COMMAND.to_string(),
-            ]
+            vec![exe.to_string_lossy().into_owned(), CHILD_COMMAND.to_string()]
         }
     };
-    let context = SuiteContext {
-        base_dir,
-        scale,
-        progress,
-        peers: selection.peers,
-        child_command,
-    };
+    let context = SuiteContext { base_dir, scale, progress, peers: selection.peers, child_command };
     let names: Vec<&str> = context.systems().iter().map(|s| s.name()).collect();
-    context
-        .progress
-        .line("bench", format!("systems: {}", names.join(", ")));
+    context.progress.line("bench", format!("systems: {}", names.join(", ")));
     let mut rows: Vec<Row> = Vec::new();
     for suite in &suites {
         context.progress.line(suite, "starting");
@@ -280,9 +242,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "cpu-accounting" => suites::cpu_accounting::run(&context)?,
             other => bail!("suite `{other}` has no runner"),
         };
-        context
-            .progress
-            .line(suite, format!("done ({} rows)", suite_rows.len()));
+        context.progress.line(suite, format!("done ({} rows)", suite_rows.len()));
         rows.extend(suite_rows);
     }
     let machine = machine_facts(&context, &rows)?;
@@ -292,36 +252,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     print!("{markdown}");
     if let Some(path) = &args.json {
         report.write_json(path)?;
-        context
-            .progress
-            .line("bench", format!("wrote {}", path.display()));
+        context.progress.line("bench", format!("wrote {}", path.display()));
     }
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let charts = match charts::write_all(out, &report) {
             Ok(charts) => charts,
             Err(error) => {
-                context
-                    .progress
-                    .line("bench", format!("note: no charts: {error:#}"));
+                context.progress.line("bench", format!("note: no charts: {error:#}"));
                 Vec::new()
             }
         };
         let with_charts = markdown::render_report(&report, &preamble, &charts);
         write_markdown(out, &with_charts)?;
-        context.progress.line(
-            "bench",
-            format!(
-                "wrote {} and {} charts",
-                out.join("report.md").display(),
-                charts.len()
-            ),
-        );
+        context
+            .progress
+            .line("bench", format!("wrote {} and {} charts", out.join("report.md").display(), charts.len()));
     }
-    context.progress.line(
-        "bench",
-        format!("finished in {:.1} s", context.progress.elapsed_s()),
-    );
+    context.progress.line("bench", format!("finished in {:.1} s", context.progress.elapsed_s()));
     Ok(())
 }
 
@@ -335,10 +283,7 @@ fn preamble(context: &SuiteContext, notes: &[String]) -> Vec<String> {
     let systems = context.systems();
     let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
     let mut lines = vec![
-        format!(
-            "Commit: {commit}. Scale: {scale}. Systems: {}.",
-            names.join(", ")
-        ),
+        format!("Commit: {commit}. Scale: {scale}. Systems: {}.", names.join(", ")),
         format!(
             "Stores in {}; every system runs in the same process, one after another, on the same \
              disk. Keys are distinct per commit unless a table says otherwise.",
@@ -373,10 +318,7 @@ fn preamble(context: &SuiteContext, notes: &[String]) -> Vec<String> {
 /// Machine facts; `fdatasync_us_p50` comes from the group-commit suite's baseline when it ran,
 /// otherwise from a short probe in the benchmark directory.
 fn machine_facts(context: &SuiteContext, rows: &[Row]) -> anyhow::Result<Machine> {
-    let measured = rows
-        .iter()
-        .find(|r| r.system == "raw-fdatasync" && r.metric == "p50_us")
-        .map(|r| r.value);
+    let measured = rows.iter().find(|r| r.system == "raw-fdatasync" && r.metric == "p50_us").map(|r| r.value);
     let fdatasync_us_p50 = match measured {
         Some(value) => value,
         None => {
@@ -407,9 +349,7 @@ mod tests {
         assert_eq!(select_suites(&[]).unwrap(), SUITES.to_vec());
         let picked = select_suites(&["mvcc".to_string(), "durability".to_string()]).unwrap();
         assert_eq!(picked, ["durability", "mvcc"]);
-        let err = select_suites(&["nope".to_string()])
-            .unwrap_err()
-            .to_string();
+        let err = select_suites(&["nope".to_string()]).unwrap_err().to_string();
         assert!(err.contains("unknown suite `nope`"), "{err}");
     }
 
@@ -434,10 +374,7 @@ mod tests {
         let listed = select_peers(Some("fjall,sqlite,fjall"), Scale::Quick).unwrap();
         let names: Vec<&str> = listed.peers.iter().map(|p| p.name()).collect();
         let compiled: Vec<&str> = peers::compiled().iter().map(|p| p.name()).collect();
-        let expected: Vec<&str> = ["sqlite", "fjall"]
-            .into_iter()
-            .filter(|n| compiled.contains(n))
-            .collect();
+        let expected: Vec<&str> = ["sqlite", "fjall"].into_iter().filter(|n| compiled.contains(n)).collect();
         assert_eq!(names, expected);
         if !compiled.contains(&"rocksdb") {
             let notes = select_peers(Some("rocksdb"), Scale::Full).unwrap().notes;

@@ -8,16 +8,13 @@ use std::path::{Path, PathBuf};
 
 /// Number of CPUs this process may run on.
 pub fn cpus() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX)).unwrap_or(1)
 }
 
 /// The OS name and kernel release, for example `linux 6.8.0-45-generic`.
 pub fn os() -> String {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|text| text.trim().to_string())
-        .unwrap_or_default();
+    let release =
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|text| text.trim().to_string()).unwrap_or_default();
     if release.is_empty() {
         std::env::consts::OS.to_string()
     } else {
@@ -62,9 +59,7 @@ fn unescape_mount_field(field: &str) -> String {
         if bytes[i] == b'\\' && i + 3 < bytes.len() {
             let digits = &bytes[i + 1..i + 4];
             if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                let value = digits.iter().fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
                 if let Ok(byte) = u8::try_from(value) {
                     out.push(byte);
                     i += 4;
@@ -194,11 +189,7 @@ garbage-line
         assert_eq!(fs("/data/x").as_deref(), Some("xfs"));
         assert_eq!(fs("/data").as_deref(), Some("xfs"));
         assert_eq!(fs("/data/fast/run1").as_deref(), Some("btrfs"));
-        assert_eq!(
-            fs("/database/x").as_deref(),
-            Some("ext4"),
-            "not a string prefix match"
-        );
+        assert_eq!(fs("/database/x").as_deref(), Some("ext4"), "not a string prefix match");
         assert_eq!(fs("/tmp/with space/db").as_deref(), Some("tmpfs"));
         assert_eq!(fs("relative/path"), None);
     }
@@ -206,10 +197,7 @@ garbage-line
     #[test]
     fn later_mount_at_same_point_wins() {
         let mounts = parse_mounts("a / ext4 rw 0 0\nb / overlay rw 0 0\n");
-        assert_eq!(
-            mount_for(&mounts, Path::new("/x")).map(|m| m.device.as_str()),
-            Some("b")
-        );
+        assert_eq!(mount_for(&mounts, Path::new("/x")).map(|m| m.device.as_str()), Some("b"));
     }
 
     #[test]

@@ -34,9 +34,7 @@ impl Table {
     fn render_aligned(&self, numeric: bool) -> String {
         let columns = self.header.len();
         let cell = |row: &[String], i: usize| row.get(i).map_or(String::new(), |c| escape(c));
-        let mut widths: Vec<usize> = (0..columns)
-            .map(|i| cell(&self.header, i).chars().count())
-            .collect();
+        let mut widths: Vec<usize> = (0..columns).map(|i| cell(&self.header, i).chars().count()).collect();
         for row in &self.rows {
             for (i, width) in widths.iter_mut().enumerate() {
                 *width = (*width).max(cell(row, i).chars().count()).max(3);
@@ -64,13 +62,7 @@ impl Table {
         let rule: Vec<String> = widths
             .iter()
             .enumerate()
-            .map(|(i, &w)| {
-                if i == 0 || !numeric {
-                    "-".repeat(w)
-                } else {
-                    format!("{}:", "-".repeat(w - 1))
-                }
-            })
+            .map(|(i, &w)| if i == 0 || !numeric { "-".repeat(w) } else { format!("{}:", "-".repeat(w - 1)) })
             .collect();
         out.push_str(&format!("| {} |\n", rule.join(" | ")));
         for row in &self.rows {
@@ -152,12 +144,7 @@ pub fn metric_header(metric: &str) -> String {
 
 /// Pivots rows into a table: one table row per distinct `row_key`, one column per distinct
 /// `col_key`, both in order of first appearance. Missing cells print as an em dash.
-pub fn pivot(
-    rows: &[&Row],
-    corner: &str,
-    row_key: impl Fn(&Row) -> String,
-    col_key: impl Fn(&Row) -> String,
-) -> Table {
+pub fn pivot(rows: &[&Row], corner: &str, row_key: impl Fn(&Row) -> String, col_key: impl Fn(&Row) -> String) -> Table {
     let mut row_keys: Vec<String> = Vec::new();
     let mut col_keys: Vec<String> = Vec::new();
     for row in rows {
@@ -187,11 +174,7 @@ pub fn pivot(
             values
         })
         .collect();
-    Table {
-        title: None,
-        header,
-        rows,
-    }
+    Table { title: None, header, rows }
 }
 
 fn titled(mut table: Table, title: &str) -> Table {
@@ -249,26 +232,12 @@ fn durability_tables(rows: &[&Row]) -> Vec<Table> {
     let cases = first_appearance(rows, |r| &r.case);
     let metrics = first_appearance(rows, |r| &r.metric);
     let mut sorted: Vec<&Row> = rows.to_vec();
-    sorted.sort_by_key(|r| {
-        (
-            rank(&cases, &r.case),
-            rank(&metrics, &r.metric),
-            rank(&systems, &r.system),
-        )
-    });
-    let (throughput, latency): (Vec<&Row>, Vec<&Row>) =
-        sorted.iter().partition(|r| r.metric.ends_with("_per_s"));
+    sorted.sort_by_key(|r| (rank(&cases, &r.case), rank(&metrics, &r.metric), rank(&systems, &r.system)));
+    let (throughput, latency): (Vec<&Row>, Vec<&Row>) = sorted.iter().partition(|r| r.metric.ends_with("_per_s"));
     let latency = pivot(
         &latency,
         "operation",
-        |r| {
-            format!(
-                "{} {}, {}",
-                readable(&r.case),
-                split_unit(&r.metric).0,
-                r.system
-            )
-        },
+        |r| format!("{} {}, {}", readable(&r.case), split_unit(&r.metric).0, r.system),
         |r| format!("{} (µs)", r.config),
     );
     let throughput = pivot(
@@ -284,24 +253,14 @@ fn durability_tables(rows: &[&Row]) -> Vec<Table> {
 /// fdatasync and its ratio to the best peer), then p50 / p99 latency. The raw-fdatasync
 /// baseline is named in the first title.
 fn group_commit_tables(rows: &[&Row]) -> Vec<Table> {
-    let systems: Vec<String> = first_appearance(rows, |r| &r.system)
-        .into_iter()
-        .filter(|s| s != "raw-fdatasync")
-        .collect();
-    let cases: Vec<String> = first_appearance(rows, |r| &r.case)
-        .into_iter()
-        .filter(|c| c.starts_with("writers_"))
-        .collect();
+    let systems: Vec<String> =
+        first_appearance(rows, |r| &r.system).into_iter().filter(|s| s != "raw-fdatasync").collect();
+    let cases: Vec<String> =
+        first_appearance(rows, |r| &r.case).into_iter().filter(|c| c.starts_with("writers_")).collect();
     let value = |system: &str, case: &str, metric: &str| {
-        rows.iter()
-            .find(|r| r.system == system && r.case == case && r.metric == metric)
-            .map(|r| r.value)
+        rows.iter().find(|r| r.system == system && r.case == case && r.metric == metric).map(|r| r.value)
     };
-    let raw = |metric: &str| {
-        rows.iter()
-            .find(|r| r.system == "raw-fdatasync" && r.metric == metric)
-            .map(|r| r.value)
-    };
+    let raw = |metric: &str| rows.iter().find(|r| r.system == "raw-fdatasync" && r.metric == metric).map(|r| r.value);
     let peers: Vec<&String> = systems.iter().filter(|s| *s != "keeldb").collect();
     let mut commits = Table {
         title: Some(match (raw("commits_per_s"), raw("p50_us")) {
@@ -334,11 +293,7 @@ fn group_commit_tables(rows: &[&Row]) -> Vec<Table> {
     for case in &cases {
         let label = case.trim_start_matches("writers_").to_string();
         let mut row = vec![label.clone()];
-        row.extend(
-            systems
-                .iter()
-                .map(|s| cell(value(s, case, "commits_per_s"))),
-        );
+        row.extend(systems.iter().map(|s| cell(value(s, case, "commits_per_s"))));
         if has_keel {
             let keel = value("keeldb", case, "commits_per_s");
             row.push(cell(value("keeldb", case, "commits_per_sync")));
@@ -347,10 +302,7 @@ fn group_commit_tables(rows: &[&Row]) -> Vec<Table> {
                 _ => "—".to_string(),
             });
             if !peers.is_empty() {
-                let best = peers
-                    .iter()
-                    .filter_map(|p| value(p, case, "commits_per_s"))
-                    .fold(0.0, f64::max);
+                let best = peers.iter().filter_map(|p| value(p, case, "commits_per_s")).fold(0.0, f64::max);
                 row.push(match keel {
                     Some(k) if best > 0.0 => format!("{:.2}×", k / best),
                     _ => "—".to_string(),
@@ -359,11 +311,9 @@ fn group_commit_tables(rows: &[&Row]) -> Vec<Table> {
         }
         commits.rows.push(row);
         let mut row = vec![label];
-        row.extend(systems.iter().map(|s| {
-            match (value(s, case, "p50_us"), value(s, case, "p99_us")) {
-                (Some(p50), Some(p99)) => format!("{} / {}", format_value(p50), format_value(p99)),
-                _ => "—".to_string(),
-            }
+        row.extend(systems.iter().map(|s| match (value(s, case, "p50_us"), value(s, case, "p99_us")) {
+            (Some(p50), Some(p99)) => format!("{} / {}", format_value(p50), format_value(p99)),
+            _ => "—".to_string(),
         }));
         latency.rows.push(row);
     }
@@ -390,9 +340,7 @@ fn scale_table(rows: &[&Row]) -> Table {
         "keys",
         |r| {
             let count = r.case.trim_start_matches("keys_");
-            count
-                .parse::<f64>()
-                .map_or_else(|_| count.to_string(), format_value)
+            count.parse::<f64>().map_or_else(|_| count.to_string(), format_value)
         },
         |r| {
             if r.config == "sync" {
@@ -407,33 +355,19 @@ fn scale_table(rows: &[&Row]) -> Table {
 /// Seed 003's tables: transaction overhead split by phase, read cost against version-chain
 /// depth, and the large-table read and memory figures.
 fn mvcc_tables(rows: &[&Row]) -> Vec<Table> {
-    let group = |prefix: &str| -> Vec<&Row> {
-        rows.iter()
-            .copied()
-            .filter(|r| r.case.starts_with(prefix))
-            .collect()
-    };
+    let group = |prefix: &str| -> Vec<&Row> { rows.iter().copied().filter(|r| r.case.starts_with(prefix)).collect() };
     let mut tables = Vec::new();
     let mut txn = group("txn_");
     // Columns appear in pivot order of first appearance; sort so phases read left to right.
     let phase_rank = |metric: &str| {
-        ["begin_ns", "put_ns", "commit_ns", "total_ns"]
-            .iter()
-            .position(|m| *m == metric)
-            .unwrap_or(usize::MAX)
+        ["begin_ns", "put_ns", "commit_ns", "total_ns"].iter().position(|m| *m == metric).unwrap_or(usize::MAX)
     };
     txn.sort_by_key(|r| phase_rank(&r.metric));
     if !txn.is_empty() {
         let table = pivot(
             &txn,
             "transaction",
-            |r| {
-                format!(
-                    "{} ({})",
-                    readable(r.case.trim_start_matches("txn_")),
-                    r.config
-                )
-            },
+            |r| format!("{} ({})", readable(r.case.trim_start_matches("txn_")), r.config),
             |r| metric_header(&r.metric),
         );
         tables.push(titled(table, "Transaction overhead"));
@@ -455,9 +389,7 @@ fn mvcc_tables(rows: &[&Row]) -> Vec<Table> {
             "table size",
             |r| {
                 let count = r.case.trim_start_matches("keys_");
-                let count = count
-                    .parse::<f64>()
-                    .map_or_else(|_| count.to_string(), format_value);
+                let count = count.parse::<f64>().map_or_else(|_| count.to_string(), format_value);
                 format!("{}: {count} keys ({})", r.system, r.config)
             },
             |r| metric_header(&r.metric),
@@ -465,18 +397,9 @@ fn mvcc_tables(rows: &[&Row]) -> Vec<Table> {
         tables.push(titled(table, "Large table: point reads and memory"));
     }
     let known = ["txn_", "depth_", "keys_"];
-    let other: Vec<&Row> = rows
-        .iter()
-        .copied()
-        .filter(|r| !known.iter().any(|k| r.case.starts_with(k)))
-        .collect();
+    let other: Vec<&Row> = rows.iter().copied().filter(|r| !known.iter().any(|k| r.case.starts_with(k))).collect();
     if !other.is_empty() {
-        tables.push(pivot(
-            &other,
-            "case",
-            |r| readable(&r.case),
-            |r| metric_header(&r.metric),
-        ));
+        tables.push(pivot(&other, "case", |r| readable(&r.case), |r| metric_header(&r.metric)));
     }
     tables
 }
@@ -555,10 +478,7 @@ mod tests {
         let table = Table {
             title: Some("T".to_string()),
             header: vec!["case".into(), "value (µs)".into()],
-            rows: vec![
-                vec!["a|b".into(), "1.00".into()],
-                vec!["long name".into(), "12,345".into()],
-            ],
+            rows: vec![vec!["a|b".into(), "1.00".into()], vec!["long name".into(), "12,345".into()]],
         };
         let expected = "**T**\n\n\
             | case      | value (µs) |\n\
@@ -590,10 +510,7 @@ mod tests {
         let refs: Vec<&Row> = rows.iter().collect();
         let table = pivot(&refs, "op", |r| r.case.clone(), |r| r.config.clone());
         assert_eq!(table.header, ["op", "sync", "relaxed"]);
-        assert_eq!(
-            table.rows,
-            [["create", "10.0", "1.00"], ["read", "0.50", "—"]]
-        );
+        assert_eq!(table.rows, [["create", "10.0", "1.00"], ["read", "0.50", "—"]]);
     }
 
     #[test]
@@ -602,22 +519,8 @@ mod tests {
             row("group-commit", system, "sync", case, metric, value)
         };
         let rows = [
-            row(
-                "group-commit",
-                "raw-fdatasync",
-                "4k-append",
-                "single",
-                "commits_per_s",
-                1000.0,
-            ),
-            row(
-                "group-commit",
-                "raw-fdatasync",
-                "4k-append",
-                "single",
-                "p50_us",
-                900.0,
-            ),
+            row("group-commit", "raw-fdatasync", "4k-append", "single", "commits_per_s", 1000.0),
+            row("group-commit", "raw-fdatasync", "4k-append", "single", "p50_us", 900.0),
             gc("keeldb", "writers_1", "commits_per_s", 800.0),
             gc("keeldb", "writers_1", "p50_us", 1200.0),
             gc("keeldb", "writers_1", "p99_us", 2000.0),
@@ -630,30 +533,13 @@ mod tests {
         let tables = suite_tables("group-commit", &refs);
         assert_eq!(tables.len(), 2);
         let commits = &tables[0];
-        assert!(commits
-            .title
-            .as_deref()
-            .unwrap()
-            .contains("1,000/s, p50 900 µs"));
+        assert!(commits.title.as_deref().unwrap().contains("1,000/s, p50 900 µs"));
         assert_eq!(
             commits.header,
-            [
-                "writers",
-                "keeldb",
-                "sqlite",
-                "keeldb commits/fdatasync",
-                "keeldb × raw fdatasync",
-                "keeldb × best peer"
-            ]
+            ["writers", "keeldb", "sqlite", "keeldb commits/fdatasync", "keeldb × raw fdatasync", "keeldb × best peer"]
         );
-        assert_eq!(
-            commits.rows[0],
-            ["1", "800", "1,000", "1.00", "0.80×", "0.80×"]
-        );
-        assert_eq!(
-            commits.rows[1],
-            ["8", "4,000", "1,000", "—", "4.00×", "4.00×"]
-        );
+        assert_eq!(commits.rows[0], ["1", "800", "1,000", "1.00", "0.80×", "0.80×"]);
+        assert_eq!(commits.rows[1], ["8", "4,000", "1,000", "—", "4.00×", "4.00×"]);
         assert_eq!(tables[1].rows[0], ["1", "1,200 / 2,000", "—"]);
     }
 
@@ -664,14 +550,7 @@ mod tests {
             row("durability", "keeldb", "relaxed", "create", "avg_us", 5.0),
             row("durability", "keeldb", "sync", "read", "avg_us", 0.5),
             row("durability", "sqlite", "sync", "create", "avg_us", 200.0),
-            row(
-                "durability",
-                "keeldb",
-                "sync",
-                "create",
-                "ops_per_s",
-                9_000.0,
-            ),
+            row("durability", "keeldb", "sync", "create", "ops_per_s", 9_000.0),
         ];
         let refs: Vec<&Row> = rows.iter().collect();
         let tables = suite_tables("durability", &refs);
@@ -691,61 +570,26 @@ mod tests {
     #[test]
     fn report_has_header_and_a_section_per_suite() {
         let report = Report::new(
-            Machine {
-                cpus: 2,
-                os: "linux".into(),
-                filesystem: "ext4".into(),
-                fdatasync_us_p50: 140.0,
-            },
+            Machine { cpus: 2, os: "linux".into(), filesystem: "ext4".into(), fdatasync_us_p50: 140.0 },
             vec![
-                row(
-                    "mvcc",
-                    "keeldb",
-                    "relaxed",
-                    "depth_5",
-                    "new_snapshot_ns",
-                    80.0,
-                ),
-                row(
-                    "mvcc",
-                    "keeldb",
-                    "relaxed",
-                    "txn_empty_write",
-                    "total_ns",
-                    300.0,
-                ),
-                row(
-                    "mvcc",
-                    "keeldb",
-                    "relaxed",
-                    "txn_empty_write",
-                    "begin_ns",
-                    100.0,
-                ),
+                row("mvcc", "keeldb", "relaxed", "depth_5", "new_snapshot_ns", 80.0),
+                row("mvcc", "keeldb", "relaxed", "txn_empty_write", "total_ns", 300.0),
+                row("mvcc", "keeldb", "relaxed", "txn_empty_write", "begin_ns", 100.0),
                 row("other", "keeldb", "x", "y", "z_ns", 1.0),
             ],
         );
-        let chart = Chart {
-            suite: "mvcc".into(),
-            title: "Reads".into(),
-            file: "reads.png".into(),
-        };
+        let chart = Chart { suite: "mvcc".into(), title: "Reads".into(), file: "reads.png".into() };
         let text = render_report(&report, &["Commit: abc".to_string()], &[chart]);
         assert!(text.contains("\n![Reads](reads.png)\n"));
         assert!(text.find("![Reads]").unwrap() < text.find("## other").unwrap());
-        assert!(text.starts_with(
-            "# keel bench\n\nMachine: 2 CPUs, linux, file system ext4, fdatasync p50 140 µs"
-        ));
+        assert!(text.starts_with("# keel bench\n\nMachine: 2 CPUs, linux, file system ext4, fdatasync p50 140 µs"));
         assert!(text.contains("Commit: abc\n"));
         let mvcc = text.find("## mvcc").unwrap();
         let other = text.find("## other").unwrap();
         assert!(mvcc < other);
         assert!(text.contains("**Transaction overhead**"));
         assert!(text.contains("| empty write (relaxed) |"));
-        assert!(
-            text.contains("| transaction           | begin (ns) | total (ns) |"),
-            "{text}"
-        );
+        assert!(text.contains("| transaction           | begin (ns) | total (ns) |"), "{text}");
         assert!(text.contains("**Point read against version-chain depth**"));
     }
 }

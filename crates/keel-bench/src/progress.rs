@@ -17,10 +17,7 @@ pub struct Progress {
 impl Progress {
     /// Progress printing to stderr; `quiet` suppresses it.
     pub fn new(quiet: bool) -> Self {
-        Progress {
-            started: Instant::now(),
-            quiet,
-        }
+        Progress { started: Instant::now(), quiet }
     }
 
     /// Prints one line tagged with `suite`.

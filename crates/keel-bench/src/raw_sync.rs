@@ -43,11 +43,9 @@ pub fn run(dir: &Path, budget: Budget) -> anyhow::Result<RawSyncResult> {
     let mut run = budget.start();
     while run.keep_going() {
         let started = Instant::now();
-        file.write_all(&block)
-            .with_context(|| format!("writing {}", path.display()))?;
+        file.write_all(&block).with_context(|| format!("writing {}", path.display()))?;
         // `sync_data` is fdatasync(2) on Linux: the same call the WAL uses.
-        file.sync_data()
-            .with_context(|| format!("fdatasync {}", path.display()))?;
+        file.sync_data().with_context(|| format!("fdatasync {}", path.display()))?;
         samples.push(started.elapsed());
     }
     let elapsed = run.elapsed();

@@ -38,14 +38,7 @@ pub struct Row {
 
 impl Row {
     /// A row from its parts.
-    pub fn new(
-        suite: &str,
-        system: &str,
-        config: &str,
-        case: &str,
-        metric: &str,
-        value: f64,
-    ) -> Self {
+    pub fn new(suite: &str, system: &str, config: &str, case: &str, metric: &str, value: f64) -> Self {
         Row {
             suite: suite.to_string(),
             system: system.to_string(),
@@ -84,11 +77,7 @@ pub struct Report {
 impl Report {
     /// A report with the current schema.
     pub fn new(machine: Machine, rows: Vec<Row>) -> Self {
-        Report {
-            schema: SCHEMA.to_string(),
-            machine,
-            rows,
-        }
+        Report { schema: SCHEMA.to_string(), machine, rows }
     }
 
     /// The report as pretty-printed JSON. Non-finite values (which JSON cannot hold) are
@@ -102,8 +91,7 @@ impl Report {
     /// Writes [`Report::to_json`] to `path`, creating parent directories.
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(path, self.to_json()?).with_context(|| format!("writing {}", path.display()))
     }
@@ -115,20 +103,8 @@ mod tests {
 
     fn sample() -> Report {
         Report::new(
-            Machine {
-                cpus: 2,
-                os: "linux 6.1".to_string(),
-                filesystem: "ext4".to_string(),
-                fdatasync_us_p50: 140.0,
-            },
-            vec![Row::new(
-                "group-commit",
-                "keeldb",
-                "sync",
-                "writers_64",
-                "commits_per_s",
-                123456.0,
-            )],
+            Machine { cpus: 2, os: "linux 6.1".to_string(), filesystem: "ext4".to_string(), fdatasync_us_p50: 140.0 },
+            vec![Row::new("group-commit", "keeldb", "sync", "writers_64", "commits_per_s", 123456.0)],
         )
     }
 
@@ -143,18 +119,12 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&sample().to_json().unwrap()).unwrap();
         assert_eq!(keys(&json), ["machine", "rows", "schema"]);
         assert_eq!(json["schema"], "keel-bench/1");
-        assert_eq!(
-            keys(&json["machine"]),
-            ["cpus", "fdatasync_us_p50", "filesystem", "os"]
-        );
+        assert_eq!(keys(&json["machine"]), ["cpus", "fdatasync_us_p50", "filesystem", "os"]);
         assert!(json["machine"]["cpus"].is_u64());
         assert!(json["machine"]["fdatasync_us_p50"].is_f64());
         let rows = json["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 1);
-        assert_eq!(
-            keys(&rows[0]),
-            ["case", "config", "metric", "suite", "system", "value"]
-        );
+        assert_eq!(keys(&rows[0]), ["case", "config", "metric", "suite", "system", "value"]);
         assert_eq!(rows[0]["case"], "writers_64");
         assert_eq!(rows[0]["value"].as_f64(), Some(123456.0));
     }

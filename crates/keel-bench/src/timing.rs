@@ -16,10 +16,7 @@ pub struct Samples {
 impl Samples {
     /// An empty set with room for `capacity` samples.
     pub fn with_capacity(capacity: usize) -> Self {
-        Samples {
-            ns: Vec::with_capacity(capacity),
-            sorted: true,
-        }
+        Samples { ns: Vec::with_capacity(capacity), sorted: true }
     }
 
     /// Adds one sample.
@@ -106,20 +103,12 @@ pub struct Budget {
 impl Budget {
     /// A budget of at most `max_iters` iterations and `max_time`, at least `min_iters`.
     pub fn new(min_iters: u64, max_iters: u64, max_time: Duration) -> Self {
-        Budget {
-            min_iters,
-            max_iters: max_iters.max(min_iters),
-            max_time,
-        }
+        Budget { min_iters, max_iters: max_iters.max(min_iters), max_time }
     }
 
     /// Starts a run under this budget.
     pub fn start(self) -> BudgetRun {
-        BudgetRun {
-            budget: self,
-            started: Instant::now(),
-            done: 0,
-        }
+        BudgetRun { budget: self, started: Instant::now(), done: 0 }
     }
 }
 
@@ -248,11 +237,7 @@ mod tests {
     fn budget_respects_min_and_max_iterations() {
         let mut run = Budget::new(3, 5, Duration::ZERO).start();
         while run.keep_going() {}
-        assert_eq!(
-            run.iterations(),
-            3,
-            "zero time budget still runs the minimum"
-        );
+        assert_eq!(run.iterations(), 3, "zero time budget still runs the minimum");
         let mut run = Budget::new(1, 5, Duration::from_secs(60)).start();
         while run.keep_going() {}
         assert_eq!(run.iterations(), 5);

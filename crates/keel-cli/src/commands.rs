@@ -32,15 +32,9 @@ fn require_dir(path: &Path) -> Result<(), Failure> {
     if path.is_dir() {
         Ok(())
     } else if path.exists() {
-        Err(Failure::usage(anyhow::anyhow!(
-            "{} is not a directory",
-            path.display()
-        )))
+        Err(Failure::usage(anyhow::anyhow!("{} is not a directory", path.display())))
     } else {
-        Err(Failure::usage(anyhow::anyhow!(
-            "no store at {} (the path does not exist)",
-            path.display()
-        )))
+        Err(Failure::usage(anyhow::anyhow!("no store at {} (the path does not exist)", path.display())))
     }
 }
 
@@ -58,9 +52,7 @@ fn print_line(out: &mut impl Write, line: &str) -> Result<bool, Failure> {
     match writeln!(out, "{line}") {
         Ok(()) => Ok(true),
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(error) => Err(Failure::runtime(
-            anyhow::Error::from(error).context("writing to stdout"),
-        )),
+        Err(error) => Err(Failure::runtime(anyhow::Error::from(error).context("writing to stdout"))),
     }
 }
 
@@ -95,35 +87,15 @@ pub fn stats(path: &Path) -> Result<(), Failure> {
     let mut out = String::new();
     out.push_str(&format!("store:            {}\n", path.display()));
     out.push_str(&format!("last commit ts:   {}\n", stats.last_commit_ts));
-    out.push_str(&format!(
-        "wal:              {} bytes in {} segment(s)\n",
-        stats.wal_bytes, stats.wal_segments
-    ));
-    let checkpoint_ts = stats
-        .checkpoint_ts
-        .map_or_else(|| "none".to_string(), |ts| format!("ts {ts}"));
-    out.push_str(&format!(
-        "checkpoint:       {} bytes ({checkpoint_ts})\n",
-        stats.checkpoint_bytes
-    ));
+    out.push_str(&format!("wal:              {} bytes in {} segment(s)\n", stats.wal_bytes, stats.wal_segments));
+    let checkpoint_ts = stats.checkpoint_ts.map_or_else(|| "none".to_string(), |ts| format!("ts {ts}"));
+    out.push_str(&format!("checkpoint:       {} bytes ({checkpoint_ts})\n", stats.checkpoint_bytes));
     out.push_str(&format!("state digest:     {}\n", stats.digest));
     out.push('\n');
-    let name_width = stats
-        .tables
-        .iter()
-        .map(|t| t.name.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(5);
-    out.push_str(&format!(
-        "{:<name_width$}  {:>12}  {:>14}\n",
-        "table", "keys", "bytes"
-    ));
+    let name_width = stats.tables.iter().map(|t| t.name.chars().count()).max().unwrap_or(0).max(5);
+    out.push_str(&format!("{:<name_width$}  {:>12}  {:>14}\n", "table", "keys", "bytes"));
     for table in &stats.tables {
-        out.push_str(&format!(
-            "{:<name_width$}  {:>12}  {:>14}\n",
-            table.name, table.keys, table.bytes
-        ));
+        out.push_str(&format!("{:<name_width$}  {:>12}  {:>14}\n", table.name, table.keys, table.bytes));
     }
     if stats.tables.is_empty() {
         out.push_str("(no tables)\n");
@@ -138,7 +110,9 @@ pub fn stats(path: &Path) -> Result<(), Failure> {
 fn accounting_table(stats: &keeldb::Stats) -> String {
     let mut out = String::new();
     let clock = if stats.thread_cpu_clock { "thread CPU clock" } else { "wall time (no thread CPU clock here)" };
-    out.push_str(&format!("\ntransactions by tag (CPU from the {clock}; p50/p99 are histogram bucket upper bounds):\n"));
+    out.push_str(&format!(
+        "\ntransactions by tag (CPU from the {clock}; p50/p99 are histogram bucket upper bounds):\n"
+    ));
     if stats.accounting.is_empty() {
         out.push_str("(none recorded)\n");
         return out;
@@ -181,10 +155,7 @@ pub fn get(path: &Path, table: &str, key: &[u8]) -> Result<u8, Failure> {
             Ok(0)
         }
         None => {
-            eprintln!(
-                "keel: key {} not found in table {table}",
-                display_bytes(key)
-            );
+            eprintln!("keel: key {} not found in table {table}", display_bytes(key));
             Ok(EXIT_FAILURE)
         }
     }
@@ -193,10 +164,7 @@ pub fn get(path: &Path, table: &str, key: &[u8]) -> Result<u8, Failure> {
 /// `keel put`: one sync-durable transaction; creates the store when the path is new.
 pub fn put(path: &Path, table: &str, key: &[u8], value: &[u8]) -> Result<(), Failure> {
     if path.exists() && !path.is_dir() {
-        return Err(Failure::usage(anyhow::anyhow!(
-            "{} is not a directory",
-            path.display()
-        )));
+        return Err(Failure::usage(anyhow::anyhow!("{} is not a directory", path.display())));
     }
     let db = Database::open(path, Options::with_durability(Durability::Sync)).map_err(classify)?;
     let mut tx = db.begin_write().map_err(classify)?;
@@ -220,10 +188,7 @@ pub fn del(path: &Path, table: &str, key: &[u8]) -> Result<u8, Failure> {
     if existed {
         Ok(0)
     } else {
-        eprintln!(
-            "keel: key {} not found in table {table}; nothing deleted",
-            display_bytes(key)
-        );
+        eprintln!("keel: key {} not found in table {table}; nothing deleted", display_bytes(key));
         Ok(EXIT_FAILURE)
     }
 }
@@ -270,11 +235,7 @@ pub fn scan(path: &Path, table: &str, request: ScanRequest) -> Result<(), Failur
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         let limit = request.limit.unwrap_or(usize::MAX);
-        for item in rx
-            .scan(table, request.range())
-            .map_err(classify)?
-            .take(limit)
-        {
+        for item in rx.scan(table, request.range()).map_err(classify)?.take(limit) {
             let (key, value) = item.map_err(classify)?;
             let line = format!("{}\t{}", display_bytes(&key), display_bytes(&value));
             if !print_line(&mut out, &line)? {
@@ -283,9 +244,7 @@ pub fn scan(path: &Path, table: &str, request: ScanRequest) -> Result<(), Failur
         }
         match out.flush() {
             Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
-                return Err(Failure::runtime(
-                    anyhow::Error::from(error).context("writing to stdout"),
-                ));
+                return Err(Failure::runtime(anyhow::Error::from(error).context("writing to stdout")));
             }
             _ => {}
         }

@@ -16,10 +16,7 @@ pub fn parse_arg(text: &str, hex: bool, what: &str) -> anyhow::Result<Vec<u8>> {
 
 /// Decodes hexadecimal digits, with or without a `0x` prefix.
 pub fn decode_hex(text: &str) -> anyhow::Result<Vec<u8>> {
-    let digits = text
-        .strip_prefix("0x")
-        .or_else(|| text.strip_prefix("0X"))
-        .unwrap_or(text);
+    let digits = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")).unwrap_or(text);
     if digits.len() & 1 == 1 {
         bail!("odd number of hex digits");
     }
@@ -56,9 +53,7 @@ pub fn encode_hex(bytes: &[u8]) -> String {
 /// `0x`-prefixed hex.
 pub fn display_bytes(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
-        Ok(text) if !text.chars().any(char::is_control) && !text.starts_with("0x") => {
-            text.to_string()
-        }
+        Ok(text) if !text.chars().any(char::is_control) && !text.starts_with("0x") => text.to_string(),
         _ => encode_hex(bytes),
     }
 }
@@ -69,14 +64,8 @@ mod tests {
 
     #[test]
     fn parses_text_and_hex() {
-        assert_eq!(
-            parse_arg("héllo", false, "key").unwrap(),
-            "héllo".as_bytes()
-        );
-        assert_eq!(
-            parse_arg("00ff10", true, "key").unwrap(),
-            [0x00, 0xff, 0x10]
-        );
+        assert_eq!(parse_arg("héllo", false, "key").unwrap(), "héllo".as_bytes());
+        assert_eq!(parse_arg("00ff10", true, "key").unwrap(), [0x00, 0xff, 0x10]);
         assert_eq!(parse_arg("0xAbCd", true, "key").unwrap(), [0xab, 0xcd]);
         assert_eq!(parse_arg("", true, "key").unwrap(), Vec::<u8>::new());
     }

@@ -180,18 +180,12 @@ pub struct Failure {
 impl Failure {
     /// A usage error (exit 2).
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
-        Failure {
-            code: EXIT_USAGE,
-            error: error.into(),
-        }
+        Failure { code: EXIT_USAGE, error: error.into() }
     }
 
     /// A failure (exit 1).
     pub fn runtime(error: impl Into<anyhow::Error>) -> Self {
-        Failure {
-            code: EXIT_FAILURE,
-            error: error.into(),
-        }
+        Failure { code: EXIT_FAILURE, error: error.into() }
     }
 }
 
@@ -234,42 +228,23 @@ fn run(command: Command) -> Result<u8, Failure> {
         }
         Command::Verify { path } => commands::verify(&path),
         Command::Stats { path } => commands::stats(&path).map(|()| 0),
-        Command::Get {
-            path,
-            table,
-            key,
-            encoding,
-        } => {
+        Command::Get { path, table, key, encoding } => {
             let key = encoding::parse_arg(&key, encoding.hex, "key").map_err(Failure::usage)?;
             commands::get(&path, &table, &key)
         }
-        Command::Put {
-            path,
-            table,
-            key,
-            value,
-            encoding,
-        } => {
+        Command::Put { path, table, key, value, encoding } => {
             let key = encoding::parse_arg(&key, encoding.hex, "key").map_err(Failure::usage)?;
-            let value =
-                encoding::parse_arg(&value, encoding.hex, "value").map_err(Failure::usage)?;
+            let value = encoding::parse_arg(&value, encoding.hex, "value").map_err(Failure::usage)?;
             commands::put(&path, &table, &key, &value).map(|()| 0)
         }
-        Command::Del {
-            path,
-            table,
-            key,
-            encoding,
-        } => {
+        Command::Del { path, table, key, encoding } => {
             let key = encoding::parse_arg(&key, encoding.hex, "key").map_err(Failure::usage)?;
             commands::del(&path, &table, &key)
         }
         Command::Scan(scan) => {
             let hex = scan.encoding.hex;
             let bound = |text: Option<String>, what: &str| -> Result<Option<Vec<u8>>, Failure> {
-                text.map(|t| encoding::parse_arg(&t, hex, what))
-                    .transpose()
-                    .map_err(Failure::usage)
+                text.map(|t| encoding::parse_arg(&t, hex, what)).transpose().map_err(Failure::usage)
             };
             let request = commands::ScanRequest {
                 prefix: bound(scan.prefix, "prefix")?,
@@ -295,20 +270,10 @@ mod tests {
 
     #[test]
     fn parses_repeated_suites_and_hidden_tiny() {
-        let cli = Cli::try_parse_from([
-            "keel",
-            "bench",
-            "--quick",
-            "--suite",
-            "mvcc",
-            "--suite",
-            "durability",
-            "--tiny",
-        ])
-        .unwrap();
-        let Command::Bench(bench) = cli.command else {
-            panic!("not bench")
-        };
+        let cli =
+            Cli::try_parse_from(["keel", "bench", "--quick", "--suite", "mvcc", "--suite", "durability", "--tiny"])
+                .unwrap();
+        let Command::Bench(bench) = cli.command else { panic!("not bench") };
         assert_eq!(bench.suites, ["mvcc", "durability"]);
         assert!(bench.quick && bench.tiny);
         assert_eq!(bench.peers, None);
@@ -321,22 +286,10 @@ mod tests {
 
     #[test]
     fn scan_flags_parse() {
-        let cli = Cli::try_parse_from([
-            "keel",
-            "scan",
-            "/tmp/x",
-            "t",
-            "--prefix",
-            "a",
-            "--reverse",
-            "--limit",
-            "3",
-            "--hex",
-        ])
-        .unwrap();
-        let Command::Scan(scan) = cli.command else {
-            panic!("not scan")
-        };
+        let cli =
+            Cli::try_parse_from(["keel", "scan", "/tmp/x", "t", "--prefix", "a", "--reverse", "--limit", "3", "--hex"])
+                .unwrap();
+        let Command::Scan(scan) = cli.command else { panic!("not scan") };
         assert_eq!(scan.prefix.as_deref(), Some("a"));
         assert!(scan.reverse && scan.encoding.hex);
         assert_eq!(scan.limit, Some(3));

@@ -8,10 +8,7 @@ use std::process::{Command, Output};
 
 /// Runs `keel` with `args`; the one helper every test goes through.
 fn keel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(args)
-        .output()
-        .expect("running keel")
+    Command::new(env!("CARGO_BIN_EXE_keel")).args(args).output().expect("running keel")
 }
 
 fn code(output: &Output) -> i32 {
@@ -47,17 +44,10 @@ fn populated_store() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let s = path_arg(&store);
-    for (key, value) in [
-        ("alice", "{\"age\": 30}"),
-        ("bob", "{\"age\": 41}"),
-        ("carol", "{\"age\": 27}"),
-    ] {
+    for (key, value) in [("alice", "{\"age\": 30}"), ("bob", "{\"age\": 41}"), ("carol", "{\"age\": 27}")] {
         expect_code(&keel(&["put", s, "users", key, value]), 0);
     }
-    expect_code(
-        &keel(&["put", "--hex", s, "blobs", "00ff", "0xdeadbeef"]),
-        0,
-    );
+    expect_code(&keel(&["put", "--hex", s, "blobs", "00ff", "0xdeadbeef"]), 0);
     (dir, store)
 }
 
@@ -73,18 +63,11 @@ fn put_get_scan_del_round_trip() {
     let missing = keel(&["get", s, "users", "zoe"]);
     expect_code(&missing, 1);
     assert!(stdout(&missing).is_empty());
-    assert!(
-        stderr(&missing).contains("not found"),
-        "{}",
-        stderr(&missing)
-    );
+    assert!(stderr(&missing).contains("not found"), "{}", stderr(&missing));
 
     let all = keel(&["scan", s, "users"]);
     expect_code(&all, 0);
-    assert_eq!(
-        stdout(&all),
-        "alice\t{\"age\": 30}\nbob\t{\"age\": 41}\ncarol\t{\"age\": 27}\n"
-    );
+    assert_eq!(stdout(&all), "alice\t{\"age\": 30}\nbob\t{\"age\": 41}\ncarol\t{\"age\": 27}\n");
 
     let last = keel(&["scan", s, "users", "--reverse", "--limit", "1"]);
     expect_code(&last, 0);
@@ -109,10 +92,7 @@ fn put_get_scan_del_round_trip() {
     expect_code(&keel(&["get", s, "users", "bob"]), 1);
     expect_code(&keel(&["del", s, "users", "bob"]), 1);
     let after = keel(&["scan", s, "users"]);
-    assert_eq!(
-        stdout(&after),
-        "alice\t{\"age\": 30}\ncarol\t{\"age\": 27}\n"
-    );
+    assert_eq!(stdout(&after), "alice\t{\"age\": 30}\ncarol\t{\"age\": 27}\n");
 }
 
 #[test]
@@ -123,10 +103,7 @@ fn stats_and_verify_on_an_intact_store() {
     let stats = keel(&["stats", s]);
     expect_code(&stats, 0);
     let text = stdout(&stats);
-    let users = text
-        .lines()
-        .find(|l| l.starts_with("users "))
-        .unwrap_or_else(|| panic!("no users row:\n{text}"));
+    let users = text.lines().find(|l| l.starts_with("users ")).unwrap_or_else(|| panic!("no users row:\n{text}"));
     assert_eq!(users.split_whitespace().nth(1), Some("3"), "{users}");
     assert!(text.contains("blobs"), "{text}");
     assert!(text.contains("last recovery"), "{text}");
@@ -182,14 +159,8 @@ fn largest_wal_segment(store: &Path) -> PathBuf {
         .map(|path| (std::fs::metadata(&path).unwrap().len(), path))
         .collect();
     segments.sort();
-    let (len, path) = segments
-        .pop()
-        .unwrap_or_else(|| panic!("no wal-*.log in {}", store.display()));
-    assert!(
-        len > 64 + 16,
-        "{} holds no frames ({len} bytes)",
-        path.display()
-    );
+    let (len, path) = segments.pop().unwrap_or_else(|| panic!("no wal-*.log in {}", store.display()));
+    assert!(len > 64 + 16, "{} holds no frames ({len} bytes)", path.display());
     path
 }
 
@@ -201,12 +172,7 @@ fn verify_finds_a_flipped_byte_in_a_wal_frame() {
     let db = keeldb::Database::open(&store, keeldb::Options::default()).unwrap();
     for i in 0..20 {
         let mut tx = db.begin_write().unwrap();
-        tx.put(
-            "events",
-            format!("event-{i:03}").as_bytes(),
-            b"payload of a committed event",
-        )
-        .unwrap();
+        tx.put("events", format!("event-{i:03}").as_bytes(), b"payload of a committed event").unwrap();
         tx.commit().unwrap();
     }
     db.close().unwrap();
@@ -220,10 +186,7 @@ fn verify_finds_a_flipped_byte_in_a_wal_frame() {
     expect_code(&verify, 1);
     let report = stdout(&verify);
     let name = wal.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(
-        report.contains(&name),
-        "the report should name {name}:\n{report}"
-    );
+    assert!(report.contains(&name), "the report should name {name}:\n{report}");
     assert!(report.contains("CORRUPTION"), "{report}");
 
     // Opening the store refuses it too: a failure (exit 1), not a usage error.
@@ -254,22 +217,15 @@ fn bench_smoke_run_writes_schema_json() {
     ]);
     expect_code(&output, 0);
     assert!(stdout(&output).contains("## mvcc"), "{}", stdout(&output));
-    assert!(
-        stderr(&output).contains("[mvcc]"),
-        "progress goes to stderr"
-    );
+    assert!(stderr(&output).contains("[mvcc]"), "progress goes to stderr");
     assert!(report_dir.join("report.md").exists());
 
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     assert_eq!(json["schema"], "keel-bench/1");
     let machine = json["machine"].as_object().unwrap();
     let mut machine_keys: Vec<&str> = machine.keys().map(String::as_str).collect();
     machine_keys.sort_unstable();
-    assert_eq!(
-        machine_keys,
-        ["cpus", "fdatasync_us_p50", "filesystem", "os"]
-    );
+    assert_eq!(machine_keys, ["cpus", "fdatasync_us_p50", "filesystem", "os"]);
     assert!(json["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(json["machine"]["fdatasync_us_p50"].as_f64().unwrap() > 0.0);
 
@@ -285,9 +241,7 @@ fn bench_smoke_run_writes_schema_json() {
         for field in ["config", "case", "metric"] {
             assert!(!row[field].as_str().unwrap().is_empty(), "{row}");
         }
-        let value = row["value"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("non-numeric value in {row}"));
+        let value = row["value"].as_f64().unwrap_or_else(|| panic!("non-numeric value in {row}"));
         assert!(value.is_finite() && value >= 0.0, "{row}");
     }
     assert_eq!(
@@ -296,10 +250,7 @@ fn bench_smoke_run_writes_schema_json() {
         "sqlite rows exactly when the peers are compiled in"
     );
     for case in ["depth_50", "txn_one_put"] {
-        assert!(
-            rows.iter().any(|r| r["case"] == case),
-            "missing case {case}"
-        );
+        assert!(rows.iter().any(|r| r["case"] == case), "missing case {case}");
     }
     // The benchmark's temporary stores are cleaned up.
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())

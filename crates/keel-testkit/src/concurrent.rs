@@ -134,7 +134,14 @@ fn options(fs: &SimFs, cfg: &ConcurrentWorkload) -> Options {
     }
 }
 
-fn commit_loop(db: Database, log: Arc<Mutex<ThreadLog>>, mut rng: SimRng, t: u64, first_seq: u64, cfg: ConcurrentWorkload) {
+fn commit_loop(
+    db: Database,
+    log: Arc<Mutex<ThreadLog>>,
+    mut rng: SimRng,
+    t: u64,
+    first_seq: u64,
+    cfg: ConcurrentWorkload,
+) {
     for seq in first_seq..first_seq + cfg.commits_per_thread {
         let ws = thread_write_set(&mut rng, t, seq);
         let durability = if cfg.mixed_durability {
@@ -147,7 +154,10 @@ fn commit_loop(db: Database, log: Arc<Mutex<ThreadLog>>, mut rng: SimRng, t: u64
             cfg.durability
         };
         log.lock().sets.push(ws.clone());
-        let Ok(mut tx) = db.begin_write_with(TxnOptions { durability: Some(durability), ..TxnOptions::default() }) else { return };
+        let Ok(mut tx) = db.begin_write_with(TxnOptions { durability: Some(durability), ..TxnOptions::default() })
+        else {
+            return;
+        };
         for (table, tw) in &ws.tables {
             for (k, v) in &tw.writes {
                 let r = match v {
@@ -186,7 +196,11 @@ pub fn run_concurrent_seed(seed: u64, cfg: &ConcurrentWorkload) -> Result<Concur
     let fs = SimFs::with_model(seed, cfg.fault_model.clone());
     fs.set_sync_delay(cfg.sync_delay);
     let mut summary = ConcurrentSummary { seeds: 1, ..ConcurrentSummary::default() };
-    run_cycles(&fs, seed, cfg, &mut summary).map(|()| summary).map_err(|message| Failure { seed, message, trace: fs.trace() })
+    run_cycles(&fs, seed, cfg, &mut summary).map(|()| summary).map_err(|message| Failure {
+        seed,
+        message,
+        trace: fs.trace(),
+    })
 }
 
 fn run_cycles(fs: &SimFs, seed: u64, cfg: &ConcurrentWorkload, summary: &mut ConcurrentSummary) -> Result<(), String> {
@@ -197,7 +211,8 @@ fn run_cycles(fs: &SimFs, seed: u64, cfg: &ConcurrentWorkload, summary: &mut Con
     for cycle in 0..cfg.cycles {
         let db = Database::open(&path, options(fs, cfg)).map_err(|e| format!("cycle {cycle}: open failed: {e}"))?;
         fs.stop_after_ops(rng.range(10, 300));
-        let logs: Vec<Arc<Mutex<ThreadLog>>> = (0..cfg.threads).map(|_| Arc::new(Mutex::new(ThreadLog::default()))).collect();
+        let logs: Vec<Arc<Mutex<ThreadLog>>> =
+            (0..cfg.threads).map(|_| Arc::new(Mutex::new(ThreadLog::default()))).collect();
         let handles: Vec<_> = (0..cfg.threads)
             .zip(&logs)
             .map(|(t, log)| {
@@ -209,7 +224,9 @@ fn run_cycles(fs: &SimFs, seed: u64, cfg: &ConcurrentWorkload, summary: &mut Con
         let deadline = Instant::now() + Duration::from_secs(60);
         while !handles.iter().all(|h| h.is_finished()) {
             if Instant::now() > deadline {
-                return Err(format!("cycle {cycle}: committers still blocked 60 s after the machine stopped (a hang in commit?)"));
+                return Err(format!(
+                    "cycle {cycle}: committers still blocked 60 s after the machine stopped (a hang in commit?)"
+                ));
             }
             thread::sleep(Duration::from_millis(2));
         }
@@ -228,11 +245,7 @@ fn run_cycles(fs: &SimFs, seed: u64, cfg: &ConcurrentWorkload, summary: &mut Con
         for h in handles {
             h.join().map_err(|_| format!("cycle {cycle}: a committer panicked"))?;
         }
-        st.logs = logs
-            .into_iter()
-            .enumerate()
-            .map(|(t, l)| (t as u64, std::mem::take(&mut *l.lock())))
-            .collect();
+        st.logs = logs.into_iter().enumerate().map(|(t, l)| (t as u64, std::mem::take(&mut *l.lock()))).collect();
         summary.commits_acked += st.logs.values().map(|l| l.acked.len() as u64).sum::<u64>();
         let db = Database::open(&path, options(fs, cfg)).map_err(|e| format!("cycle {cycle}: reopen failed: {e}"))?;
         check(&db, &mut st, !power_loss).map_err(|e| format!("cycle {cycle}: {e}"))?;
@@ -274,7 +287,13 @@ fn check(db: &Database, st: &mut State, process_kill: bool) -> Result<(), String
         seqs.insert(t, seq);
     }
     // Any sync commit acknowledged at ts X forces everything through X.
-    let required = st.logs.values().flat_map(|l| l.acked.iter()).filter(|(_, _, d)| *d == Durability::Sync).map(|(_, ts, _)| *ts).max();
+    let required = st
+        .logs
+        .values()
+        .flat_map(|l| l.acked.iter())
+        .filter(|(_, _, d)| *d == Durability::Sync)
+        .map(|(_, ts, _)| *ts)
+        .max();
     if required.is_some_and(|r| r > recovered_ts) {
         return Err(format!("recovered ts {recovered_ts} is below a sync-acknowledged ts {required:?}"));
     }

@@ -158,7 +158,9 @@ fn diff(want: &BTreeMap<Vec<u8>, Vec<u8>>, got: &BTreeMap<Vec<u8>, Vec<u8>>) -> 
     for (k, v) in want {
         match got.get(k) {
             None => out.push(format!("missing {}", show(k))),
-            Some(g) if g != v => out.push(format!("{} has a wrong value ({} bytes, want {})", show(k), g.len(), v.len())),
+            Some(g) if g != v => {
+                out.push(format!("{} has a wrong value ({} bytes, want {})", show(k), g.len(), v.len()))
+            }
             Some(_) => {}
         }
     }

@@ -129,7 +129,11 @@ pub struct SimFs {
 impl fmt::Debug for SimFs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let st = self.state.lock();
-        f.debug_struct("SimFs").field("seed", &st.seed).field("generation", &st.generation).field("ops", &st.ops).finish()
+        f.debug_struct("SimFs")
+            .field("seed", &st.seed)
+            .field("generation", &st.generation)
+            .field("ops", &st.ops)
+            .finish()
     }
 }
 
@@ -266,7 +270,8 @@ impl SimFs {
         let Ok(id) = st.file_at(path) else { return false };
         let Some(inode) = st.inodes.get_mut(&id) else { return false };
         let mask = 1u8 << (bit % 8);
-        let (Some(d), Some(v)) = (inode.durable.get_mut(offset as usize), inode.visible.get_mut(offset as usize)) else {
+        let (Some(d), Some(v)) = (inode.durable.get_mut(offset as usize), inode.visible.get_mut(offset as usize))
+        else {
             return false;
         };
         *d ^= mask;
@@ -452,7 +457,8 @@ impl FileSystem for SimFs {
             return Err(e.to_io_error());
         }
         let dir = st.dir_at(path).and_then(|d| st.dirs.get(&d));
-        let dir = dir.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{}: no such directory", path.display())))?;
+        let dir = dir
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{}: no such directory", path.display())))?;
         Ok(dir.current.keys().cloned().collect())
     }
 
@@ -504,7 +510,10 @@ impl FileSystem for SimFs {
             }
         }
         if st.locks.contains_key(path) {
-            return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("{}: locked by another handle", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{}: locked by another handle", path.display()),
+            ));
         }
         let token = st.alloc_id();
         st.locks.insert(path.to_owned(), token);

@@ -294,7 +294,9 @@ impl Run<'_> {
     /// written byte, so every acknowledged commit must survive it, whatever its durability,
     /// unless a power loss before the next recovery takes what was only in the page cache.
     fn crash(&mut self) {
-        self.event(|| format!("crash (required ts {}, last acknowledged {})", self.hist.required_ts(), self.hist.last_acked_ts()));
+        self.event(|| {
+            format!("crash (required ts {}, last acknowledged {})", self.hist.required_ts(), self.hist.last_acked_ts())
+        });
         if self.rng.chance(self.cfg.process_kill_probability) {
             self.summary.process_kills += 1;
             if !self.power_lost_since_check {
@@ -443,7 +445,12 @@ impl Run<'_> {
         let predicted_conflict = dirty && self.conflicts.conflicts(&ws, start_ts);
         let started = Instant::now();
         let result = tx.commit();
-        self.event(|| format!("commit ({durability:?}, start ts {start_ts}, dirty {dirty}) -> {:?}", result.as_ref().map(|i| i.ts)));
+        self.event(|| {
+            format!(
+                "commit ({durability:?}, start ts {start_ts}, dirty {dirty}) -> {:?}",
+                result.as_ref().map(|i| i.ts)
+            )
+        });
         match result {
             Ok(info) => {
                 if self.poisoned && dirty {
@@ -453,7 +460,10 @@ impl Run<'_> {
                     return Ok(());
                 }
                 if predicted_conflict {
-                    return Err(format!("commit at ts {} succeeded although a concurrent commit wrote the same keys", info.ts));
+                    return Err(format!(
+                        "commit at ts {} succeeded although a concurrent commit wrote the same keys",
+                        info.ts
+                    ));
                 }
                 self.acked(info.ts, ws, durability, started)
             }
@@ -525,7 +535,11 @@ impl Run<'_> {
             ));
         }
         if rx.snapshot_ts() != self.hist.last_acked_ts() {
-            return Err(format!("readers see ts {}, last acknowledged is {}", rx.snapshot_ts(), self.hist.last_acked_ts()));
+            return Err(format!(
+                "readers see ts {}, last acknowledged is {}",
+                rx.snapshot_ts(),
+                self.hist.last_acked_ts()
+            ));
         }
         Ok(())
     }
@@ -536,7 +550,11 @@ impl Run<'_> {
         match result {
             Ok(info) => {
                 if info.ts != self.hist.last_acked_ts() {
-                    return Err(format!("checkpoint at ts {}, last acknowledged {}", info.ts, self.hist.last_acked_ts()));
+                    return Err(format!(
+                        "checkpoint at ts {}, last acknowledged {}",
+                        info.ts,
+                        self.hist.last_acked_ts()
+                    ));
                 }
                 self.hist.require(info.ts);
                 self.unsynced.clear();
@@ -566,7 +584,8 @@ impl Run<'_> {
         let crashes_before = self.summary.power_losses + self.summary.process_kills;
         let db = self.open_checked()?;
         let crashed = self.summary.power_losses + self.summary.process_kills > crashes_before;
-        if closed.is_ok() && !was_poisoned && !crashed && !self.fs.is_stopped() && !db.recovery_report().clean_shutdown {
+        if closed.is_ok() && !was_poisoned && !crashed && !self.fs.is_stopped() && !db.recovery_report().clean_shutdown
+        {
             return Err("close() returned Ok but the reopen finds no clean-close mark \
                         (was the database poisoned by an earlier failure the caller never saw as Poisoned?)"
                 .into());
@@ -607,7 +626,9 @@ pub fn run_seeds(name: &str, seeds: &[u64], cfg: &CrashWorkload) -> (Summary, Ve
         match run_seed(seed, cfg) {
             Ok(s) => total.add(&s),
             Err(f) => {
-                eprintln!("{name}: {f}replay: KEEL_SIM_SEED={seed} cargo test -p keel-testkit --test <this test> {name}");
+                eprintln!(
+                    "{name}: {f}replay: KEEL_SIM_SEED={seed} cargo test -p keel-testkit --test <this test> {name}"
+                );
                 failures.push(f);
             }
         }

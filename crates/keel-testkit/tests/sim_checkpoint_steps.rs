@@ -73,7 +73,13 @@ fn checkpoint_steps(durability: Durability) -> Vec<String> {
     b.db.checkpoint().unwrap();
     let n = (b.fs.ops() - before) as usize;
     let trace = b.fs.trace();
-    trace.iter().filter(|l| l.starts_with('#')).skip_while(|l| !l.starts_with(&format!("#{} ", before + 1))).take(n).cloned().collect()
+    trace
+        .iter()
+        .filter(|l| l.starts_with('#'))
+        .skip_while(|l| !l.starts_with(&format!("#{} ", before + 1)))
+        .take(n)
+        .cloned()
+        .collect()
 }
 
 fn variants() -> u64 {
@@ -104,10 +110,13 @@ fn crash_at(step: usize, variant: u64, durability: Durability, total: usize) -> 
         fs.crash();
     }
     drop(db);
-    let db = Database::open(store_path(), sim_options(&fs, durability)).map_err(|e| format!("open after the crash failed: {e}"))?;
+    let db = Database::open(store_path(), sim_options(&fs, durability))
+        .map_err(|e| format!("open after the crash failed: {e}"))?;
     let loaded = db.recovery_report().checkpoint.map(|(_, ts)| ts);
     if loaded != Some(old_ckpt) && loaded != Some(new_ckpt) {
-        return Err(format!("recovery loaded checkpoint {loaded:?}, neither the old ({old_ckpt}) nor the new ({new_ckpt})"));
+        return Err(format!(
+            "recovery loaded checkpoint {loaded:?}, neither the old ({old_ckpt}) nor the new ({new_ckpt})"
+        ));
     }
     let (state, ts) = hist.check(&db)?;
     // The store keeps working: more commits, another checkpoint, a clean reopen.
@@ -118,7 +127,8 @@ fn crash_at(step: usize, variant: u64, durability: Durability, total: usize) -> 
     db.checkpoint().map_err(|e| format!("checkpoint after recovery failed: {e}"))?;
     db.close().map_err(|e| format!("close failed: {e}"))?;
     after.require_all();
-    let db = Database::open(store_path(), sim_options(&fs, durability)).map_err(|e| format!("clean reopen failed: {e}"))?;
+    let db =
+        Database::open(store_path(), sim_options(&fs, durability)).map_err(|e| format!("clean reopen failed: {e}"))?;
     after.check(&db)?;
     Ok((loaded.unwrap_or(0), loaded == Some(new_ckpt)))
 }
@@ -145,7 +155,10 @@ fn every_step(durability: Durability) {
     }
     println!("checkpoint protocol, {}: crash before call -> (opened to old, opened to new)", durability.name());
     for (step, (old, new)) in &outcome {
-        println!("  {step:2} {:<60} old {old} new {new}", steps.get(*step).map_or("(after the last call)", String::as_str));
+        println!(
+            "  {step:2} {:<60} old {old} new {new}",
+            steps.get(*step).map_or("(after the last call)", String::as_str)
+        );
     }
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
     // Both outcomes occur: early crashes open to the old checkpoint, late ones to the new.

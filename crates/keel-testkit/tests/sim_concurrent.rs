@@ -19,7 +19,9 @@ fn check(name: &str, base: u64, count: u64, cfg: &ConcurrentWorkload) {
         match run_concurrent_seed(seed, cfg) {
             Ok(s) => total.add(&s),
             Err(f) => {
-                eprintln!("{name}: {f}replay: KEEL_SIM_SEED={seed} cargo test -p keel-testkit --test sim_concurrent {name}");
+                eprintln!(
+                    "{name}: {f}replay: KEEL_SIM_SEED={seed} cargo test -p keel-testkit --test sim_concurrent {name}"
+                );
                 failures.push(f);
             }
         }
@@ -37,7 +39,12 @@ fn concurrent_sync() {
 
 #[test]
 fn concurrent_periodic_with_worker() {
-    check("concurrent_periodic_with_worker", 21_000, 40, &ConcurrentWorkload::new(Durability::Periodic(Duration::from_millis(2))));
+    check(
+        "concurrent_periodic_with_worker",
+        21_000,
+        40,
+        &ConcurrentWorkload::new(Durability::Periodic(Duration::from_millis(2))),
+    );
 }
 
 #[test]
@@ -48,6 +55,10 @@ fn concurrent_mixed_durability() {
 
 #[test]
 fn concurrent_without_worker() {
-    let cfg = ConcurrentWorkload { background_threads: false, mixed_durability: true, ..ConcurrentWorkload::new(Durability::Sync) };
+    let cfg = ConcurrentWorkload {
+        background_threads: false,
+        mixed_durability: true,
+        ..ConcurrentWorkload::new(Durability::Sync)
+    };
     check("concurrent_without_worker", 23_000, 40, &cfg);
 }

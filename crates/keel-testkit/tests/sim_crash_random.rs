@@ -23,7 +23,10 @@ fn check(name: &str, base: u64, count: u64, cfg: CrashWorkload) {
     assert!(failures.is_empty(), "{name}: {} failing seed(s) {failed:?}; first: {}", failed.len(), failures[0]);
     assert_eq!(summary.required_commits_lost, 0);
     if seeds.len() > 10 {
-        assert!(summary.commits_acked > 0 && summary.recoveries_checked > summary.seeds, "the workload did work: {summary:?}");
+        assert!(
+            summary.commits_acked > 0 && summary.recoveries_checked > summary.seeds,
+            "the workload did work: {summary:?}"
+        );
     }
 }
 
@@ -50,7 +53,8 @@ fn crash_random_mixed_durability() {
 
 #[test]
 fn crash_random_short_writes() {
-    let cfg = CrashWorkload { mixed_durability: true, short_write_probability: 0.3, ..CrashWorkload::new(Durability::Sync) };
+    let cfg =
+        CrashWorkload { mixed_durability: true, short_write_probability: 0.3, ..CrashWorkload::new(Durability::Sync) };
     check("crash_random_short_writes", 5_000, 400, cfg);
 }
 

@@ -21,7 +21,12 @@ fn disk(seed: u64, model: FaultModel) -> SimFs {
 }
 
 fn no_tears() -> FaultModel {
-    FaultModel { tear_probability: 0.0, bit_flip_probability: 0.0, dir_prefix_probability: 0.0, ..FaultModel::default() }
+    FaultModel {
+        tear_probability: 0.0,
+        bit_flip_probability: 0.0,
+        dir_prefix_probability: 0.0,
+        ..FaultModel::default()
+    }
 }
 
 #[test]

@@ -140,7 +140,11 @@ fn failed_write_poisons_and_reopen_recovers() {
 
 #[test]
 fn partial_write_poisons_and_the_fragment_is_a_torn_tail() {
-    poison_then_reopen(Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite), Durability::Sync, 1500);
+    poison_then_reopen(
+        Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite),
+        Durability::Sync,
+        1500,
+    );
 }
 
 #[test]
@@ -274,8 +278,16 @@ fn checkpoint_on_a_poisoned_database_does_not_break_recovery() {
     for seed in 0..6 {
         let cases = [
             ("failed fsync, power loss", Fault::new(FaultOp::SyncData).on_path("wal-"), true),
-            ("partial write, power loss", Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite), true),
-            ("partial write, process crash", Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite), false),
+            (
+                "partial write, power loss",
+                Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite),
+                true,
+            ),
+            (
+                "partial write, process crash",
+                Fault::new(FaultOp::Write).on_path("wal-").error(FaultError::PartialWrite),
+                false,
+            ),
         ];
         for (name, fault, power_loss) in cases {
             if let Err(e) = checkpoint_on_poisoned(400 + seed, fault, power_loss) {
@@ -380,7 +392,10 @@ fn a_failed_wal_segment_removal_does_not_leave_a_gap() {
                     failures.push(format!("route {route}: {e}"));
                 }
             }
-            Err(e) => failures.push(format!("route {route}: the store no longer opens: {e} (files {:?})", fs.describe_dir(store_path()))),
+            Err(e) => failures.push(format!(
+                "route {route}: the store no longer opens: {e} (files {:?})",
+                fs.describe_dir(store_path())
+            )),
         }
     }
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
@@ -409,7 +424,12 @@ fn read_errors_in_open_are_errors_not_panics() {
 }
 
 fn random_faults(name: &str, base: u64, model: FaultModel) {
-    let cfg = CrashWorkload { io_fault_probability: 0.7, mixed_durability: true, fault_model: model, ..CrashWorkload::new(Durability::Sync) };
+    let cfg = CrashWorkload {
+        io_fault_probability: 0.7,
+        mixed_durability: true,
+        fault_model: model,
+        ..CrashWorkload::new(Durability::Sync)
+    };
     let seeds = seeds(base, 400);
     let (summary, failures) = run_seeds(name, &seeds, &cfg);
     println!("{name}: {summary:?}");
@@ -423,7 +443,11 @@ fn random_faults(name: &str, base: u64, model: FaultModel) {
 #[test]
 fn random_faults_in_random_workloads() {
     // A failed fdatasync leaves the data dirty (it may still reach the disk later).
-    random_faults("random_faults_in_random_workloads", 6_000, FaultModel { lose_on_failed_sync: false, ..FaultModel::default() });
+    random_faults(
+        "random_faults_in_random_workloads",
+        6_000,
+        FaultModel { lose_on_failed_sync: false, ..FaultModel::default() },
+    );
 }
 
 #[test]

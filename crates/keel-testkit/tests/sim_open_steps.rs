@@ -39,12 +39,7 @@ type Action<'a> = &'a dyn Fn(&SimFs, Option<Database>, &mut History) -> Result<(
 
 /// `kill_keeps_acked`: whether every acknowledged commit is still in the page cache when the
 /// action starts (false when the setup itself ended in a power loss).
-fn every_step(
-    name: &str,
-    kill_keeps_acked: bool,
-    setup: Setup<'_>,
-    action: Action<'_>,
-) {
+fn every_step(name: &str, kill_keeps_acked: bool, setup: Setup<'_>, action: Action<'_>) {
     let fs = SimFs::new(0);
     let (db, mut hist) = setup(&fs);
     let before = fs.ops();
@@ -120,7 +115,12 @@ fn store_with_torn_tail(fs: &SimFs) -> (Option<Database>, History) {
     }
     hist.require_all();
     for i in 6..10 {
-        let mut tx = db.begin_write_with(keeldb::TxnOptions { durability: Some(Durability::Relaxed), ..keeldb::TxnOptions::default() }).unwrap();
+        let mut tx = db
+            .begin_write_with(keeldb::TxnOptions {
+                durability: Some(Durability::Relaxed),
+                ..keeldb::TxnOptions::default()
+            })
+            .unwrap();
         let mut ws = WriteSet::default();
         let value = vec![i as u8; 700];
         tx.put("t", format!("r{i}").as_bytes(), &value).unwrap();
@@ -251,7 +251,7 @@ fn a_tear_inside_the_last_frames_padding_does_not_lose_later_commits() {
         put(&db, &mut hist, 0, 100);
         db.checkpoint().unwrap(); // everything so far durable
         put(&db, &mut hist, 1, value_len); // relaxed: its frame is still unsynced
-        // The crash keeps the frame's payload but cuts the last byte (padding, if it has any).
+                                           // The crash keeps the frame's payload but cuts the last byte (padding, if it has any).
         let wal = fs.list_dir(store_path()).unwrap().into_iter().filter(|n| n.starts_with("wal-")).max().unwrap();
         let wal = store_path().join(wal);
         let len = fs.read_file(&wal).unwrap().len() as u64;

@@ -15,7 +15,9 @@ use crate::txn::{ReadTransaction, Shared, TxnState, WriteTransaction};
 
 fn parse_durability(text: &str) -> PyResult<Durability> {
     Durability::parse(text).ok_or_else(|| {
-        PyValueError::new_err(format!("durability must be 'sync', 'periodic', 'periodic:<ms>' or 'relaxed', not {text:?}"))
+        PyValueError::new_err(format!(
+            "durability must be 'sync', 'periodic', 'periodic:<ms>' or 'relaxed', not {text:?}"
+        ))
     })
 }
 
@@ -29,12 +31,21 @@ fn parse_isolation(text: &str) -> PyResult<Isolation> {
 
 fn seconds(what: &str, value: Option<f64>) -> PyResult<Option<Duration>> {
     value
-        .map(|s| Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{what} must be a non-negative number of seconds, not {s}"))))
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .map_err(|_| PyValueError::new_err(format!("{what} must be a non-negative number of seconds, not {s}")))
+        })
         .transpose()
 }
 
 /// Per-transaction options from keyword arguments.
-fn txn_options(durability: Option<&str>, isolation: Option<&str>, tag: Option<&str>, cpu_budget: Option<f64>, timeout: Option<f64>) -> PyResult<TxnOptions> {
+fn txn_options(
+    durability: Option<&str>,
+    isolation: Option<&str>,
+    tag: Option<&str>,
+    cpu_budget: Option<f64>,
+    timeout: Option<f64>,
+) -> PyResult<TxnOptions> {
     Ok(TxnOptions {
         durability: durability.map(parse_durability).transpose()?,
         isolation: isolation.map(parse_isolation).transpose()?,
@@ -96,7 +107,15 @@ impl Database {
 
     /// Starts a write transaction; use it as `with db.write() as tx:`.
     #[pyo3(signature = (*, durability = None, isolation = None, tag = None, cpu_budget = None, timeout = None))]
-    fn write(&self, py: Python<'_>, durability: Option<&str>, isolation: Option<&str>, tag: Option<&str>, cpu_budget: Option<f64>, timeout: Option<f64>) -> PyResult<Py<WriteTransaction>> {
+    fn write(
+        &self,
+        py: Python<'_>,
+        durability: Option<&str>,
+        isolation: Option<&str>,
+        tag: Option<&str>,
+        cpu_budget: Option<f64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<WriteTransaction>> {
         let opts = txn_options(durability, isolation, tag, cpu_budget, timeout)?;
         WriteTransaction::create(py, self.db.begin_write_with(opts).map_err(to_py)?)
     }
@@ -114,7 +133,15 @@ impl Database {
     /// `max_attempts` times. Returns what `fn` returned. If `fn` ends the transaction itself
     /// (commit or rollback), that stands.
     #[pyo3(signature = (f, *, durability = None, isolation = None, tag = None, max_attempts = 100))]
-    fn transact(&self, py: Python<'_>, f: &Bound<'_, PyAny>, durability: Option<&str>, isolation: Option<&str>, tag: Option<&str>, max_attempts: u32) -> PyResult<PyObject> {
+    fn transact(
+        &self,
+        py: Python<'_>,
+        f: &Bound<'_, PyAny>,
+        durability: Option<&str>,
+        isolation: Option<&str>,
+        tag: Option<&str>,
+        max_attempts: u32,
+    ) -> PyResult<PyObject> {
         let opts = txn_options(durability, isolation, tag, None, None)?;
         let mut attempt = 0;
         loop {

@@ -80,7 +80,13 @@ pub struct Edge {
 
 impl Edge {
     fn from_graph(py: Python<'_>, e: keeldb::graph::Edge) -> PyResult<Edge> {
-        Ok(Edge { id: e.id, src: e.src, dst: e.dst, edge_type: e.edge_type, props: props::decode(py, &e.props)?.unbind() })
+        Ok(Edge {
+            id: e.id,
+            src: e.src,
+            dst: e.dst,
+            edge_type: e.edge_type,
+            props: props::decode(py, &e.props)?.unbind(),
+        })
     }
 }
 
@@ -91,12 +97,19 @@ impl Edge {
     }
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let edge_type = pyo3::types::PyString::new(py, &self.edge_type).repr()?;
-        Ok(format!("Edge(id={}, src={}, dst={}, type={edge_type}, props={})", self.id, self.src, self.dst, self.props.bind(py).repr()?))
+        Ok(format!(
+            "Edge(id={}, src={}, dst={}, type={edge_type}, props={})",
+            self.id,
+            self.src,
+            self.dst,
+            self.props.bind(py).repr()?
+        ))
     }
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         let Ok(other) = other.downcast::<Edge>() else { return Ok(false) };
         let o = other.get();
-        Ok((self.id, self.src, self.dst, &self.edge_type) == (o.id, o.src, o.dst, &o.edge_type) && self.props.bind(py).eq(o.props.bind(py))?)
+        Ok((self.id, self.src, self.dst, &self.edge_type) == (o.id, o.src, o.dst, &o.edge_type)
+            && self.props.bind(py).eq(o.props.bind(py))?)
     }
 }
 
@@ -140,8 +153,9 @@ impl ReadTransaction {
         let d = self::direction(direction)?;
         let g = graph();
         let edges = with_reader!(&self.shared, |tx| {
-            g.adjacent(tx, node, d, r#type)
-                .and_then(|adj| adj.iter().filter_map(|a| g.edge(tx, a.edge).transpose()).collect::<Result<Vec<_>, _>>())
+            g.adjacent(tx, node, d, r#type).and_then(|adj| {
+                adj.iter().filter_map(|a| g.edge(tx, a.edge).transpose()).collect::<Result<Vec<_>, _>>()
+            })
         })
         .map_err(graph_to_py)?;
         edges.into_iter().map(|e| Edge::from_graph(py, e)).collect()
@@ -180,13 +194,23 @@ impl WriteTransaction {
     /// Replaces a node's properties (or, with `merge=True`, updates them key by key) and/or
     /// changes its label.
     #[pyo3(signature = (node, props = None, *, label = None, merge = false))]
-    fn update_node(&self, py: Python<'_>, node: u64, props: Option<&Bound<'_, PyAny>>, label: Option<&str>, merge: bool) -> PyResult<()> {
+    fn update_node(
+        &self,
+        py: Python<'_>,
+        node: u64,
+        props: Option<&Bound<'_, PyAny>>,
+        label: Option<&str>,
+        merge: bool,
+    ) -> PyResult<()> {
         let mut st = self.shared.lock()?;
         let tx = st.writer()?;
         let g = graph();
         if let Some(props) = props {
             let bytes = if merge {
-                let current = g.node(tx, node).map_err(graph_to_py)?.ok_or_else(|| graph_to_py(keeldb::GraphError::NodeNotFound(node)))?;
+                let current = g
+                    .node(tx, node)
+                    .map_err(graph_to_py)?
+                    .ok_or_else(|| graph_to_py(keeldb::GraphError::NodeNotFound(node)))?;
                 merged(py, &current.props, props)?
             } else {
                 props::encode(Some(props))?
@@ -195,7 +219,11 @@ impl WriteTransaction {
         }
         match label {
             Some(label) => g.set_node_label(tx, node, label).map_err(graph_to_py),
-            None if props.is_none() => g.node(tx, node).map_err(graph_to_py)?.map(drop).ok_or_else(|| graph_to_py(keeldb::GraphError::NodeNotFound(node))),
+            None if props.is_none() => g
+                .node(tx, node)
+                .map_err(graph_to_py)?
+                .map(drop)
+                .ok_or_else(|| graph_to_py(keeldb::GraphError::NodeNotFound(node))),
             None => Ok(()),
         }
     }
@@ -212,7 +240,10 @@ impl WriteTransaction {
         let tx = st.writer()?;
         let g = graph();
         let bytes = if merge {
-            let current = g.edge(tx, edge).map_err(graph_to_py)?.ok_or_else(|| graph_to_py(keeldb::GraphError::EdgeNotFound(edge)))?;
+            let current = g
+                .edge(tx, edge)
+                .map_err(graph_to_py)?
+                .ok_or_else(|| graph_to_py(keeldb::GraphError::EdgeNotFound(edge)))?;
             merged(py, &current.props, props)?
         } else {
             props::encode(Some(props))?

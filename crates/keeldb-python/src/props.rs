@@ -63,9 +63,9 @@ fn write_dict(out: &mut Vec<u8>, dict: &Bound<'_, PyDict>, depth: usize) -> PyRe
         if i > 0 {
             out.push(b',');
         }
-        let key = k.downcast::<PyString>().map_err(|_| {
-            PyTypeError::new_err(format!("property keys must be str, not {}", type_name(&k)))
-        })?;
+        let key = k
+            .downcast::<PyString>()
+            .map_err(|_| PyTypeError::new_err(format!("property keys must be str, not {}", type_name(&k))))?;
         write_str(out, &key.to_cow()?)?;
         out.push(b':');
         write_value(out, &v, depth + 1)?;
@@ -76,7 +76,9 @@ fn write_dict(out: &mut Vec<u8>, dict: &Bound<'_, PyDict>, depth: usize) -> PyRe
 
 fn write_value(out: &mut Vec<u8>, v: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
     if depth > MAX_DEPTH {
-        return Err(PyValueError::new_err(format!("properties are nested deeper than {MAX_DEPTH} levels (or refer to themselves)")));
+        return Err(PyValueError::new_err(format!(
+            "properties are nested deeper than {MAX_DEPTH} levels (or refer to themselves)"
+        )));
     }
     if v.is_none() {
         out.extend_from_slice(b"null");

@@ -112,7 +112,14 @@ impl ReadTransaction {
     /// Iterates `(key, value)` pairs of `table` in key order: keys `>= start`, `< stop`, starting
     /// with `prefix` (all that are given), descending when `reverse`.
     #[pyo3(signature = (table, start = None, stop = None, prefix = None, reverse = false))]
-    fn scan(&self, table: &str, start: Option<&[u8]>, stop: Option<&[u8]>, prefix: Option<&[u8]>, reverse: bool) -> ScanIter {
+    fn scan(
+        &self,
+        table: &str,
+        start: Option<&[u8]>,
+        stop: Option<&[u8]>,
+        prefix: Option<&[u8]>,
+        reverse: bool,
+    ) -> ScanIter {
         ScanIter {
             shared: Arc::clone(&self.shared),
             table: table.to_owned(),
@@ -179,7 +186,8 @@ impl WriteTransaction {
     /// A new Python object for `tx`.
     pub fn create(py: Python<'_>, tx: WriteTxn) -> PyResult<Py<WriteTransaction>> {
         let shared = Shared::new(TxnState::Write(tx));
-        let init = PyClassInitializer::from(ReadTransaction { shared: Arc::clone(&shared) }).add_subclass(WriteTransaction { shared });
+        let init = PyClassInitializer::from(ReadTransaction { shared: Arc::clone(&shared) })
+            .add_subclass(WriteTransaction { shared });
         Py::new(py, init)
     }
 
@@ -225,7 +233,13 @@ impl WriteTransaction {
     }
 
     #[pyo3(signature = (exc_type, _exc_value = None, _traceback = None))]
-    fn __exit__(&self, py: Python<'_>, exc_type: Option<&Bound<'_, PyAny>>, _exc_value: Option<&Bound<'_, PyAny>>, _traceback: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
         let failed = exc_type.is_some_and(|t| !t.is_none());
         let active = !matches!(&*self.shared.lock()?, TxnState::Done);
         if failed || !active {
@@ -296,7 +310,10 @@ impl ScanIter {
         slf
     }
 
-    fn __next__<'py>(mut slf: PyRefMut<'py, Self>, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+    fn __next__<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
         if slf.buf.is_empty() && !slf.done {
             slf.fill(py)?;
         }

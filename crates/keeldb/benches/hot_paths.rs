@@ -36,11 +36,7 @@ fn key(i: u64) -> [u8; 16] {
 
 fn open(durability: Durability) -> (tempfile::TempDir, Database) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::open(
-        dir.path().join("store"),
-        Options::with_durability(durability),
-    )
-    .unwrap();
+    let db = Database::open(dir.path().join("store"), Options::with_durability(durability)).unwrap();
     (dir, db)
 }
 
@@ -95,18 +91,14 @@ fn wal_encode(c: &mut Criterion) {
     for size in [16usize, 1024, 16 * 1024] {
         let value = vec![b'w'; size];
         group.throughput(Throughput::Bytes(size as u64 + 16));
-        group.bench_with_input(
-            BenchmarkId::new("relaxed_commit", size),
-            &value,
-            |b, value| {
-                b.iter(|| {
-                    i += 1;
-                    let mut tx = db.begin_write().unwrap();
-                    tx.put(TABLE, &key(i % 1_024), value).unwrap();
-                    tx.commit().unwrap()
-                });
-            },
-        );
+        group.bench_with_input(BenchmarkId::new("relaxed_commit", size), &value, |b, value| {
+            b.iter(|| {
+                i += 1;
+                let mut tx = db.begin_write().unwrap();
+                tx.put(TABLE, &key(i % 1_024), value).unwrap();
+                tx.commit().unwrap()
+            });
+        });
     }
     group.finish();
     db.close().unwrap();

@@ -39,8 +39,14 @@ impl Accounting {
         let stats = match tag {
             None => &mut self.untagged,
             Some(t) => {
-                let key = if self.tagged.len() >= MAX_TAGS && !self.tagged.contains_key(t) { Arc::from("(other)") } else { Arc::clone(t) };
-                self.tagged.entry(key).or_insert_with_key(|k| TagStats { tag: Some(k.to_string()), ..TagStats::default() })
+                let key = if self.tagged.len() >= MAX_TAGS && !self.tagged.contains_key(t) {
+                    Arc::from("(other)")
+                } else {
+                    Arc::clone(t)
+                };
+                self.tagged
+                    .entry(key)
+                    .or_insert_with_key(|k| TagStats { tag: Some(k.to_string()), ..TagStats::default() })
             }
         };
         stats.transactions += 1;
@@ -70,7 +76,6 @@ impl Accounting {
         out
     }
 }
-
 
 fn duration_ns(d: Duration) -> u64 {
     d.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(d.subsec_nanos()))

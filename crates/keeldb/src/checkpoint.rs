@@ -182,7 +182,10 @@ pub(crate) struct CheckpointSummary {
 /// Reads and verifies a whole checkpoint file's bytes, delivering records to `sink` as each
 /// block's checksum passes. On error returns the byte offset and the reason; the sink may have
 /// received records from earlier blocks and must then be discarded by the caller.
-pub(crate) fn read_checkpoint(bytes: &[u8], sink: &mut dyn CheckpointSink) -> std::result::Result<CheckpointSummary, (u64, String)> {
+pub(crate) fn read_checkpoint(
+    bytes: &[u8],
+    sink: &mut dyn CheckpointSink,
+) -> std::result::Result<CheckpointSummary, (u64, String)> {
     let fail = |offset: usize, reason: &str| Err((offset as u64, reason.to_owned()));
     if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
         return fail(0, "file shorter than header and footer");
@@ -242,7 +245,8 @@ pub(crate) fn read_checkpoint(bytes: &[u8], sink: &mut dyn CheckpointSink) -> st
                 REC_TABLE => {
                     let id = r.u32("table id").map_err(bad)?;
                     let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name").map_err(bad)?;
-                    let name = std::str::from_utf8(raw).map_err(|_| (pos as u64, "table name is not UTF-8".to_owned()))?;
+                    let name =
+                        std::str::from_utf8(raw).map_err(|_| (pos as u64, "table name is not UTF-8".to_owned()))?;
                     if name.is_empty() || names.insert(id, name.to_owned()).is_some() {
                         return fail(pos, "duplicate or empty table record");
                     }

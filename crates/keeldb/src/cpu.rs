@@ -158,7 +158,8 @@ impl Meter {
         }
         if let Some(base_ns) = thread_cpu_ns() {
             self.counted_ns = wall.as_nanos() as u64;
-            self.segment = Some(Segment { thread: std::thread::current().id(), base_ns, last_ns: base_ns, last_at: now });
+            self.segment =
+                Some(Segment { thread: std::thread::current().id(), base_ns, last_ns: base_ns, last_at: now });
         }
     }
 
@@ -205,7 +206,6 @@ impl Meter {
         let cpu = self.cpu_at(now);
         (cpu, now - self.started)
     }
-
 }
 
 /// A transaction's meter behind a cheap gate: unwatched operations only bump a counter; the

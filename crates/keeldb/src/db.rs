@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::checkpoint::CheckpointWriter;
 use crate::accounting::Accounting;
+use crate::checkpoint::CheckpointWriter;
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
@@ -208,7 +208,10 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
         let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
         // A crash during creation can leave the lock and an empty first segment behind.
         let ours = |n: &String| {
-            n == LOCK_FILE || n == crate::recovery::POISON_MARKER || wal::parse_segment_name(n).is_some() || n.ends_with(".tmp")
+            n == LOCK_FILE
+                || n == crate::recovery::POISON_MARKER
+                || wal::parse_segment_name(n).is_some()
+                || n.ends_with(".tmp")
         };
         if names.iter().all(ours) {
             return Ok(false);
@@ -220,7 +223,10 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
     }
     let bytes = fs.open(&ident, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&ident, e))?;
     if bytes.get(..8) != Some(&IDENTITY_MAGIC[..]) || bytes.len() != 16 {
-        return Err(Error::NotAStore { path: dir.to_owned(), reason: format!("{IDENTITY_FILE} has unexpected contents") });
+        return Err(Error::NotAStore {
+            path: dir.to_owned(),
+            reason: format!("{IDENTITY_FILE} has unexpected contents"),
+        });
     }
     let version = crate::codec::le_u32(&bytes, 8).unwrap_or(0);
     let crc = crate::codec::le_u32(&bytes, 12).unwrap_or(0);
@@ -228,7 +234,11 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
         return Err(Error::corruption(&ident, 12, "identity file checksum mismatch"));
     }
     if version != crate::FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion { path: dir.to_owned(), found: version, supported: crate::FORMAT_VERSION });
+        return Err(Error::UnsupportedVersion {
+            path: dir.to_owned(),
+            found: version,
+            supported: crate::FORMAT_VERSION,
+        });
     }
     Ok(true)
 }
@@ -421,13 +431,15 @@ impl Database {
             // ids, so whatever makes such a commit durable makes the reservation durable too.
             let relaxed = TxnOptions { durability: Some(Durability::Relaxed), ..TxnOptions::default() };
             let start = self.transact_with(relaxed, |tx| {
-                let current = match tx.get(IDS_TABLE, b"next")? {
-                    Some(v) => u64::from_le_bytes(v.as_slice().try_into().map_err(|_| {
-                        Error::corruption(&self.inner.path, 0, "id allocator record is not 8 bytes")
-                    })?),
-                    None => 1,
-                };
-                let end = current.checked_add(ID_BLOCK).ok_or_else(|| Error::InvalidArgument("ids exhausted".into()))?;
+                let current =
+                    match tx.get(IDS_TABLE, b"next")? {
+                        Some(v) => u64::from_le_bytes(v.as_slice().try_into().map_err(|_| {
+                            Error::corruption(&self.inner.path, 0, "id allocator record is not 8 bytes")
+                        })?),
+                        None => 1,
+                    };
+                let end =
+                    current.checked_add(ID_BLOCK).ok_or_else(|| Error::InvalidArgument("ids exhausted".into()))?;
                 tx.put(IDS_TABLE, b"next", &end.to_le_bytes())?;
                 Ok(current)
             })?;
@@ -592,7 +604,10 @@ impl Inner {
             return Err(Error::corruption(
                 &self.path,
                 0,
-                format!("checkpoint digest {} differs from the maintained digest {expected} at ts {snap}", writer.digest()),
+                format!(
+                    "checkpoint digest {} differs from the maintained digest {expected} at ts {snap}",
+                    writer.digest()
+                ),
             ));
         }
         let (path, bytes) = writer.finish()?;
@@ -633,10 +648,8 @@ impl Inner {
             (wal.total_bytes(), wal.sealed().len() as u64 + 1)
         };
         let retained = self.checkpoint_lock.lock().clone();
-        let checkpoint_bytes = retained
-            .iter()
-            .map(|(_, p)| self.fs.open(p, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0))
-            .sum();
+        let checkpoint_bytes =
+            retained.iter().map(|(_, p)| self.fs.open(p, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0)).sum();
         Stats {
             tables,
             wal_bytes,
@@ -710,7 +723,14 @@ impl Inner {
         let mut frame = Vec::new();
         let lsn = cs.next_lsn;
         let last_ts = cs.last_ts;
-        wal::encode_frame(&mut frame, lsn, self.durable_lsn.load(Ordering::Acquire), last_ts, &payload, crc32c::crc32c(&payload));
+        wal::encode_frame(
+            &mut frame,
+            lsn,
+            self.durable_lsn.load(Ordering::Acquire),
+            last_ts,
+            &payload,
+            crc32c::crc32c(&payload),
+        );
         cs.next_lsn += frame.len() as u64;
         let mut wal = self.wal.lock();
         let res = wal.append(&frame, lsn, last_ts).and_then(|()| wal.sync());

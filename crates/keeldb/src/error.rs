@@ -116,10 +116,7 @@ impl Error {
     }
 
     pub(crate) fn corruption(path: impl Into<PathBuf>, offset: u64, reason: impl Into<String>) -> Self {
-        Error::Corruption {
-            location: Location { path: path.into(), offset },
-            reason: reason.into(),
-        }
+        Error::Corruption { location: Location { path: path.into(), offset }, reason: reason.into() }
     }
 
     /// True for errors that a retry of the same transaction may cure.

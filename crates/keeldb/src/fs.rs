@@ -173,12 +173,7 @@ impl FileSystem for StdFs {
         std::fs::File::open(dir)?.sync_all()
     }
     fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         sys::flock_exclusive_nonblocking(&file)?;
         Ok(Box::new(StdLock { _file: file, _path: path.to_owned() }))
     }

@@ -38,7 +38,9 @@ pub fn wal_segment(bytes: &[u8]) -> (usize, u64) {
 /// Reads and verifies a checkpoint file's bytes; returns its entry count.
 pub fn checkpoint(bytes: &[u8]) -> Result<u64, String> {
     let mut sink = crate::recovery::StateBuilder::default();
-    crate::checkpoint::read_checkpoint(bytes, &mut sink).map(|s| s.entries).map_err(|(off, why)| format!("{why} at {off}"))
+    crate::checkpoint::read_checkpoint(bytes, &mut sink)
+        .map(|s| s.entries)
+        .map_err(|(off, why)| format!("{why} at {off}"))
 }
 
 /// Runs the whole read-only recovery analysis over an in-memory directory of files (name,

@@ -249,10 +249,14 @@ impl Graph {
     /// their tables appear with the first write.
     pub fn new(name: &str) -> GraphResult<Graph> {
         if name.is_empty() || name.contains('/') {
-            return Err(Error::InvalidArgument(format!("graph name {name:?} must be non-empty and contain no '/'")).into());
+            return Err(
+                Error::InvalidArgument(format!("graph name {name:?} must be non-empty and contain no '/'")).into()
+            );
         }
         if name.len() > MAX_GRAPH_NAME_BYTES {
-            return Err(Error::LimitExceeded { what: "graph name", actual: name.len(), limit: MAX_GRAPH_NAME_BYTES }.into());
+            return Err(
+                Error::LimitExceeded { what: "graph name", actual: name.len(), limit: MAX_GRAPH_NAME_BYTES }.into()
+            );
         }
         Ok(Graph::build(name))
     }
@@ -335,7 +339,14 @@ impl Graph {
 
     /// Adds an edge `src -> dst` of type `edge_type` and returns its new id. Both nodes must
     /// exist in the transaction's view ([`GraphError::NodeNotFound`] otherwise).
-    pub fn add_edge(&self, tx: &mut WriteTxn, src: NodeId, dst: NodeId, edge_type: &str, props: &[u8]) -> GraphResult<EdgeId> {
+    pub fn add_edge(
+        &self,
+        tx: &mut WriteTxn,
+        src: NodeId,
+        dst: NodeId,
+        edge_type: &str,
+        props: &[u8],
+    ) -> GraphResult<EdgeId> {
         check_name("edge type", edge_type)?;
         for n in [src, dst] {
             if tx.get(&self.t.node, &n.to_be_bytes())?.is_none() {
@@ -366,7 +377,14 @@ impl Graph {
         self.remove_edge_keys(tx, id, e.src, e.dst, &e.edge_type)
     }
 
-    fn remove_edge_keys(&self, tx: &mut WriteTxn, id: EdgeId, src: NodeId, dst: NodeId, edge_type: &str) -> GraphResult<()> {
+    fn remove_edge_keys(
+        &self,
+        tx: &mut WriteTxn,
+        id: EdgeId,
+        src: NodeId,
+        dst: NodeId,
+        edge_type: &str,
+    ) -> GraphResult<()> {
         tx.delete(&self.t.edge, &id.to_be_bytes())?;
         tx.delete(&self.t.out, &adjacency_key(src, edge_type, id))?;
         tx.delete(&self.t.inn, &adjacency_key(dst, edge_type, id))?;
@@ -402,14 +420,26 @@ impl Graph {
     /// order, as the length-prefixed keys sort) and by ascending edge id within a type.
     /// Costs O(degree).
     /// [`GraphError::NodeNotFound`] if the node does not exist.
-    pub fn adjacent(&self, tx: &mut impl GraphRead, id: NodeId, direction: Direction, edge_type: Option<&str>) -> GraphResult<Vec<Adjacent>> {
+    pub fn adjacent(
+        &self,
+        tx: &mut impl GraphRead,
+        id: NodeId,
+        direction: Direction,
+        edge_type: Option<&str>,
+    ) -> GraphResult<Vec<Adjacent>> {
         if !self.contains_node(tx, id)? {
             return Err(GraphError::NodeNotFound(id));
         }
         self.adjacent_unchecked(tx, id, direction, edge_type)
     }
 
-    fn adjacent_unchecked(&self, tx: &mut impl GraphRead, id: NodeId, direction: Direction, edge_type: Option<&str>) -> GraphResult<Vec<Adjacent>> {
+    fn adjacent_unchecked(
+        &self,
+        tx: &mut impl GraphRead,
+        id: NodeId,
+        direction: Direction,
+        edge_type: Option<&str>,
+    ) -> GraphResult<Vec<Adjacent>> {
         let mut out = Vec::new();
         let prefix = match edge_type {
             Some(t) => {
@@ -433,7 +463,13 @@ impl Graph {
 
     /// The distinct nodes adjacent to `id` in `direction`, in the order of their first
     /// adjacency entry. [`GraphError::NodeNotFound`] if the node does not exist.
-    pub fn neighbors(&self, tx: &mut impl GraphRead, id: NodeId, direction: Direction, edge_type: Option<&str>) -> GraphResult<Vec<NodeId>> {
+    pub fn neighbors(
+        &self,
+        tx: &mut impl GraphRead,
+        id: NodeId,
+        direction: Direction,
+        edge_type: Option<&str>,
+    ) -> GraphResult<Vec<NodeId>> {
         let mut seen = HashSet::new();
         let adjacent = self.adjacent(tx, id, direction, edge_type)?;
         Ok(adjacent.into_iter().map(|a| a.node).filter(|n| seen.insert(*n)).collect())
@@ -441,13 +477,25 @@ impl Graph {
 
     /// How many edge ends of `direction` (and type) node `id` has: `Both` is out plus in, so a
     /// self-loop counts twice (as in networkx). Costs O(degree).
-    pub fn degree(&self, tx: &mut impl GraphRead, id: NodeId, direction: Direction, edge_type: Option<&str>) -> GraphResult<usize> {
+    pub fn degree(
+        &self,
+        tx: &mut impl GraphRead,
+        id: NodeId,
+        direction: Direction,
+        edge_type: Option<&str>,
+    ) -> GraphResult<usize> {
         Ok(self.adjacent(tx, id, direction, edge_type)?.len())
     }
 
     /// Up to `limit` node ids in ascending order, after `after` if given, optionally only those
     /// with `label`. Page through all nodes by passing the last id returned as `after`.
-    pub fn node_ids(&self, tx: &mut impl GraphRead, label: Option<&str>, after: Option<NodeId>, limit: usize) -> GraphResult<Vec<NodeId>> {
+    pub fn node_ids(
+        &self,
+        tx: &mut impl GraphRead,
+        label: Option<&str>,
+        after: Option<NodeId>,
+        limit: usize,
+    ) -> GraphResult<Vec<NodeId>> {
         match label {
             None => {
                 let rows = scan_page(tx, &self.t.node, after_range(Vec::new(), after), limit)?;
@@ -458,7 +506,13 @@ impl Graph {
     }
 
     /// Up to `limit` nodes in ascending id order, after `after`, optionally only with `label`.
-    pub fn nodes(&self, tx: &mut impl GraphRead, label: Option<&str>, after: Option<NodeId>, limit: usize) -> GraphResult<Vec<Node>> {
+    pub fn nodes(
+        &self,
+        tx: &mut impl GraphRead,
+        label: Option<&str>,
+        after: Option<NodeId>,
+        limit: usize,
+    ) -> GraphResult<Vec<Node>> {
         if label.is_some() {
             let ids = self.node_ids(tx, label, after, limit)?;
             let mut nodes = Vec::with_capacity(ids.len());
@@ -478,7 +532,13 @@ impl Graph {
     }
 
     /// Up to `limit` edge ids in ascending order, after `after`, optionally only of `edge_type`.
-    pub fn edge_ids(&self, tx: &mut impl GraphRead, edge_type: Option<&str>, after: Option<EdgeId>, limit: usize) -> GraphResult<Vec<EdgeId>> {
+    pub fn edge_ids(
+        &self,
+        tx: &mut impl GraphRead,
+        edge_type: Option<&str>,
+        after: Option<EdgeId>,
+        limit: usize,
+    ) -> GraphResult<Vec<EdgeId>> {
         match edge_type {
             None => {
                 let rows = scan_page(tx, &self.t.edge, after_range(Vec::new(), after), limit)?;
@@ -489,7 +549,13 @@ impl Graph {
     }
 
     /// Up to `limit` edges in ascending id order, after `after`, optionally only of `edge_type`.
-    pub fn edges(&self, tx: &mut impl GraphRead, edge_type: Option<&str>, after: Option<EdgeId>, limit: usize) -> GraphResult<Vec<Edge>> {
+    pub fn edges(
+        &self,
+        tx: &mut impl GraphRead,
+        edge_type: Option<&str>,
+        after: Option<EdgeId>,
+        limit: usize,
+    ) -> GraphResult<Vec<Edge>> {
         if edge_type.is_some() {
             let ids = self.edge_ids(tx, edge_type, after, limit)?;
             let mut edges = Vec::with_capacity(ids.len());
@@ -507,7 +573,14 @@ impl Graph {
             .collect()
     }
 
-    fn named_ids(&self, tx: &mut impl GraphRead, table: &str, name: &str, after: Option<u64>, limit: usize) -> GraphResult<Vec<u64>> {
+    fn named_ids(
+        &self,
+        tx: &mut impl GraphRead,
+        table: &str,
+        name: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> GraphResult<Vec<u64>> {
         check_name("label or type", name)?;
         let prefix = named_prefix(name);
         let rows = scan_page(tx, table, after_range(prefix.clone(), after), limit)?;
@@ -546,7 +619,12 @@ fn after_range(prefix: Vec<u8>, after: Option<u64>) -> Option<ScanRange> {
 }
 
 /// Scans `range` (none: nothing) for at most `limit` rows.
-fn scan_page(tx: &mut impl GraphRead, table: &str, range: Option<ScanRange>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+fn scan_page(
+    tx: &mut impl GraphRead,
+    table: &str,
+    range: Option<ScanRange>,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     match range {
         Some(range) => tx.graph_scan(table, range, limit),
         None => Ok(Vec::new()),

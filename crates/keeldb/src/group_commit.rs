@@ -77,7 +77,11 @@ struct Waiter {
 
 impl Waiter {
     fn new() -> Arc<Waiter> {
-        Arc::new(Waiter { slot: Mutex::new(Slot::Waiting), changed: AtomicBool::new(false), thread: std::thread::current() })
+        Arc::new(Waiter {
+            slot: Mutex::new(Slot::Waiting),
+            changed: AtomicBool::new(false),
+            thread: std::thread::current(),
+        })
     }
     fn set(&self, s: Slot) {
         *self.slot.lock() = s;
@@ -233,7 +237,10 @@ impl CommitState {
             }
             for key in tw.writes.keys() {
                 if self.written_after(name, key, start) {
-                    return Err(Error::Conflict(format!("key {} in table {name:?} was written by a concurrent commit", show_key(key))));
+                    return Err(Error::Conflict(format!(
+                        "key {} in table {name:?} was written by a concurrent commit",
+                        show_key(key)
+                    )));
                 }
             }
         }
@@ -245,7 +252,9 @@ impl CommitState {
                         ReadItem::Range(r) => self.range_written_after(name, r, start),
                     };
                 if stale {
-                    return Err(Error::Conflict(format!("data read from table {name:?} was changed by a concurrent commit")));
+                    return Err(Error::Conflict(format!(
+                        "data read from table {name:?} was changed by a concurrent commit"
+                    )));
                 }
             }
         }
@@ -253,12 +262,16 @@ impl CommitState {
     }
 
     /// Resolves table names to ids (allocating for new tables) and encodes the payload.
-    fn resolve(&mut self, tables: std::collections::BTreeMap<Arc<str>, TableWrites>) -> (Vec<TableApply>, PayloadBuilder) {
+    fn resolve(
+        &mut self,
+        tables: std::collections::BTreeMap<Arc<str>, TableWrites>,
+    ) -> (Vec<TableApply>, PayloadBuilder) {
         // Sized up front: each op is at most a tag, a table id, two lengths and its bytes.
         let size: usize = tables
             .iter()
             .map(|(name, tw)| {
-                32 + name.len() + tw.writes.iter().map(|(k, v)| 13 + k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
+                32 + name.len()
+                    + tw.writes.iter().map(|(k, v)| 13 + k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
             })
             .sum();
         let mut payload = PayloadBuilder::new(size);
@@ -328,7 +341,6 @@ impl CommitState {
         self.trim_at = (len * 2).max(TRIM_MIN);
     }
 }
-
 
 fn show_key(k: &[u8]) -> String {
     match std::str::from_utf8(k) {
@@ -492,7 +504,12 @@ impl Inner {
     }
 
     /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.
-    fn write_frames(&self, frames: &[u8], first_lsn: u64, last_ts: u64) -> std::result::Result<(Arc<dyn crate::fs::FileHandle>, u64, std::path::PathBuf), String> {
+    fn write_frames(
+        &self,
+        frames: &[u8],
+        first_lsn: u64,
+        last_ts: u64,
+    ) -> std::result::Result<(Arc<dyn crate::fs::FileHandle>, u64, std::path::PathBuf), String> {
         let mut wal = self.wal.lock();
         if self.is_poisoned.load(Ordering::Acquire) {
             return Err(self.poisoned.lock().clone().unwrap_or_default());

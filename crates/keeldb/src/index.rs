@@ -217,13 +217,16 @@ impl TableData {
 
     fn find(&self, key: &[u8]) -> Option<&Version> {
         let slots = &self.slots;
-        let slot = *self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
+        let slot =
+            *self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
         self.slots.get(slot as usize).map(|s| &s.head)
     }
 
     fn slot_of(&self, key: &[u8]) -> Option<usize> {
         let slots = &self.slots;
-        self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)).map(|&i| i as usize)
+        self.index
+            .find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
+            .map(|&i| i as usize)
     }
 
     fn insert_new(&mut self, key: &[u8], head: Version) {
@@ -251,7 +254,9 @@ impl TableData {
     fn remove(&mut self, key: &[u8]) {
         let hash = self.hash(key);
         let slots = &self.slots;
-        if let Ok(entry) = self.index.find_entry(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)) {
+        if let Ok(entry) =
+            self.index.find_entry(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
+        {
             let (n, _) = entry.remove();
             if let Some(s) = self.slots.get_mut(n as usize) {
                 *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None } };
@@ -274,7 +279,13 @@ impl TableData {
 
     /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
     /// Returns the entries and whether the range may hold more.
-    pub fn scan_chunk(&self, range: &KeyRange, reverse: bool, snapshot: u64, limit: usize) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+    pub fn scan_chunk(
+        &self,
+        range: &KeyRange,
+        reverse: bool,
+        snapshot: u64,
+        limit: usize,
+    ) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
         let mut out = Vec::new();
         if range.is_empty() {
             return (out, false);
@@ -286,7 +297,9 @@ impl TableData {
             if out.len() >= limit {
                 return (out, true);
             }
-            if let Some(value) = self.find(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref()) {
+            if let Some(value) =
+                self.find(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref())
+            {
                 out.push((key.as_slice().to_vec(), value.to_vec()));
             }
         }
@@ -294,7 +307,15 @@ impl TableData {
 
     /// Applies one write at `ts` (which must exceed every earlier write's), pruning versions no
     /// snapshot at or after `horizon` can see. Keeps the digest in step.
-    pub fn apply(&mut self, table: &str, key: &[u8], value: Option<&[u8]>, ts: u64, horizon: u64, digest: &mut StateDigest) {
+    pub fn apply(
+        &mut self,
+        table: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+        ts: u64,
+        horizon: u64,
+        digest: &mut StateDigest,
+    ) {
         let mut pushed_candidate = false;
         match self.slot_of(key).and_then(|n| self.slots.get_mut(n)).map(|s| &mut s.head) {
             Some(head) => {
@@ -460,12 +481,8 @@ impl Catalog {
 
     /// Forgets dropped tables no snapshot at or after `horizon` can see.
     pub fn collect(&mut self, horizon: u64) {
-        let gone: Vec<u32> = self
-            .by_id
-            .values()
-            .filter(|t| t.dropped_ts.load(Ordering::Acquire) <= horizon)
-            .map(|t| t.id)
-            .collect();
+        let gone: Vec<u32> =
+            self.by_id.values().filter(|t| t.dropped_ts.load(Ordering::Acquire) <= horizon).map(|t| t.id).collect();
         for id in gone {
             if let Some(t) = self.by_id.remove(&id) {
                 if let Some(ids) = self.by_name.get_mut(&t.name) {

@@ -30,9 +30,9 @@ mod db;
 mod digest;
 mod error;
 pub mod fs;
-pub mod graph;
 #[doc(hidden)]
 pub mod fuzz_api;
+pub mod graph;
 mod group_commit;
 mod index;
 mod options;
@@ -42,14 +42,12 @@ mod txn;
 mod verify;
 mod wal;
 
-pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
+pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
 pub use graph::{Graph, GraphError};
-pub use options::{
-    Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES,
-};
+pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
 pub use verify::{verify, VerifyReport};

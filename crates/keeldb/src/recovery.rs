@@ -17,7 +17,9 @@ use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
 use crate::index::{Catalog, Table};
-use crate::wal::{self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter};
+use crate::wal::{
+    self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter,
+};
 
 /// Written (best effort, not synced) when a write or fsync fails and the database is
 /// poisoned, holding the durable LSN at that moment. Its presence at the next open means the
@@ -211,13 +213,19 @@ fn list_sorted<T: Ord + Copy>(names: &[String], parse: impl Fn(&str) -> Option<T
 }
 
 /// Loads the newest checkpoint that verifies. Returns it (or an empty state) and the skipped ones.
-fn load_checkpoint(fs: &dyn FileSystem, dir: &Path, names: &[String], report: &mut RecoveryReport) -> Result<(StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+fn load_checkpoint(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    names: &[String],
+    report: &mut RecoveryReport,
+) -> Result<(StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
     let mut valid = Vec::new();
     let mut corrupt = Vec::new();
     let mut chosen: Option<(StateBuilder, u64)> = None;
     for (ts, name) in list_sorted(names, parse_checkpoint_name).into_iter().rev() {
         let path = dir.join(&name);
-        let bytes = fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
+        let bytes =
+            fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
         if chosen.is_some() {
             // Older checkpoints are kept as fallbacks; check them cheaply (full verify does more).
             valid.push((ts, path));
@@ -266,7 +274,8 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     for (i, (seq, name)) in segment_names.into_iter().enumerate() {
         let path = dir.join(&name);
         let is_last = i + 1 == count;
-        let bytes = fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
+        let bytes =
+            fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
         report.segments_scanned += 1;
         let header = match decode_segment_header(&bytes) {
             Ok(h) => h,
@@ -301,13 +310,20 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
         }
         let expect = *expected_ts.get_or_insert(header.first_ts);
         if header.first_ts != expect {
-            return Err(Error::corruption(&path, 32, format!("segment starts at ts {} but ts {expect} was expected", header.first_ts)));
+            return Err(Error::corruption(
+                &path,
+                32,
+                format!("segment starts at ts {} but ts {expect} was expected", header.first_ts),
+            ));
         }
         if i == 0 && header.first_ts > ckpt_ts + 1 {
             return Err(Error::corruption(
                 &path,
                 32,
-                format!("the WAL needed after checkpoint ts {ckpt_ts} is gone (oldest segment starts at ts {})", header.first_ts),
+                format!(
+                    "the WAL needed after checkpoint ts {ckpt_ts} is gone (oldest segment starts at ts {})",
+                    header.first_ts
+                ),
             ));
         }
 
@@ -315,7 +331,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
         let mut seg_last_ts = header.first_ts.saturating_sub(1);
         for frame in &scan.frames {
             max_claim = max_claim.max(frame.header.durable_lsn);
-            let rec = decode_payload(frame.payload).map_err(|e| Error::corruption(&path, frame.offset, format!("checksummed frame does not decode: {e}")))?;
+            let rec = decode_payload(frame.payload).map_err(|e| {
+                Error::corruption(&path, frame.offset, format!("checksummed frame does not decode: {e}"))
+            })?;
             let ts = frame.header.ts;
             let next = expected_ts.unwrap_or(1);
             if rec.kind == wal::KIND_MARK {
@@ -326,7 +344,11 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
                 continue;
             }
             if ts != next {
-                return Err(Error::corruption(&path, frame.offset, format!("commit ts {ts} where {next} was expected")));
+                return Err(Error::corruption(
+                    &path,
+                    frame.offset,
+                    format!("commit ts {ts} where {next} was expected"),
+                ));
             }
             expected_ts = Some(ts + 1);
             seg_last_ts = ts;
@@ -356,7 +378,13 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             tear = Some(Tear { path: path.clone(), whole_segment: false });
         }
         end_lsn = seg_end_lsn;
-        segments.push(SegmentInfo { seq, path, start_lsn: header.start_lsn, end_lsn: seg_end_lsn, last_ts: seg_last_ts });
+        segments.push(SegmentInfo {
+            seq,
+            path,
+            start_lsn: header.start_lsn,
+            end_lsn: seg_end_lsn,
+            last_ts: seg_last_ts,
+        });
     }
     if segments.is_empty() && ckpt_ts > 0 {
         // Every segment is gone; the checkpoint alone is a consistent state only if nothing
@@ -372,7 +400,18 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     report.clean_shutdown = mark_digest.is_some() && tear.is_none();
     report.last_ts = last_ts;
     report.duration = started.elapsed();
-    Ok(Analysis { state, last_ts, segments, end_lsn, tear, checkpoints, corrupt_checkpoints, mark_digest, max_claim, report })
+    Ok(Analysis {
+        state,
+        last_ts,
+        segments,
+        end_lsn,
+        tear,
+        checkpoints,
+        corrupt_checkpoints,
+        mark_digest,
+        max_claim,
+        report,
+    })
 }
 
 /// Everything [`recover`] hands to the database.

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use crate::cpu::MeterCell;
 use crate::accounting::Ending;
+use crate::cpu::MeterCell;
 use crate::db::Inner;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
@@ -50,7 +50,12 @@ pub(crate) struct Accounted {
 }
 
 impl Accounted {
-    fn new(db: &Inner, tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Accounted {
+    fn new(
+        db: &Inner,
+        tag: Option<Arc<str>>,
+        budget: Option<std::time::Duration>,
+        timeout: Option<std::time::Duration>,
+    ) -> Accounted {
         Accounted { meter: MeterCell::new(budget, timeout, db.options.cpu_accounting), tag, recorded: false }
     }
 
@@ -221,7 +226,12 @@ impl Drop for ReadTxn {
 }
 
 impl ReadTxn {
-    pub(crate) fn new(snap: Snapshot, tag: Option<Arc<str>>, budget: Option<std::time::Duration>, timeout: Option<std::time::Duration>) -> Self {
+    pub(crate) fn new(
+        snap: Snapshot,
+        tag: Option<Arc<str>>,
+        budget: Option<std::time::Duration>,
+        timeout: Option<std::time::Duration>,
+    ) -> Self {
         let acct = Accounted::new(&snap.db, tag, budget, timeout);
         ReadTxn { snap, acct }
     }
@@ -364,7 +374,9 @@ impl WriteTxn {
         if !self.tables.contains_key(table) {
             self.tables.insert(Arc::from(table), TableWrites::default());
         }
-        self.tables.get_mut(table).ok_or_else(|| Error::InvalidArgument(format!("table {table:?} vanished from the write set")))
+        self.tables
+            .get_mut(table)
+            .ok_or_else(|| Error::InvalidArgument(format!("table {table:?} vanished from the write set")))
     }
 
     fn record_read(&mut self, table: &str, item: ReadItem) {
@@ -447,7 +459,8 @@ impl WriteTxn {
                 let mut items: Vec<(Vec<u8>, Option<Vec<u8>>)> = if resolved.is_empty() {
                     Vec::new()
                 } else {
-                    tw.writes.range::<Vec<u8>, _>((resolved.start.clone(), resolved.end.clone()))
+                    tw.writes
+                        .range::<Vec<u8>, _>((resolved.start.clone(), resolved.end.clone()))
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect()
                 };

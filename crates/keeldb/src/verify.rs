@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::checkpoint::{parse_checkpoint_name, read_checkpoint, CheckpointSink};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
-use crate::fs::{read_all, OpenMode, StdFs, FileSystem};
+use crate::fs::{read_all, FileSystem, OpenMode, StdFs};
 use crate::recovery::{analyze, RecoveryReport};
 
 /// The outcome of [`verify`].
@@ -38,7 +38,11 @@ impl std::fmt::Display for VerifyReport {
             writeln!(f, "ok       checkpoint {} (ts {ts}, {n} entries, digest {d})", p.display())?;
         }
         if let Some(r) = &self.recovery {
-            writeln!(f, "ok       WAL: {} segments, {} frames after the checkpoint, last ts {}", r.segments_scanned, r.frames_replayed, r.last_ts)?;
+            writeln!(
+                f,
+                "ok       WAL: {} segments, {} frames after the checkpoint, last ts {}",
+                r.segments_scanned, r.frames_replayed, r.last_ts
+            )?;
         }
         if let Some(d) = self.digest {
             writeln!(f, "digest   {d}")?;

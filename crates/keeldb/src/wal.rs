@@ -129,16 +129,14 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> 
         let tag = r.u8("operation tag")?;
         let table = r.u32("table id")?;
         let op = match tag {
-            OP_PUT => Op::Put {
-                table,
-                key: r.bytes32(MAX_KEY_BYTES, "key")?,
-                value: r.bytes32(MAX_VALUE_BYTES, "value")?,
-            },
+            OP_PUT => {
+                Op::Put { table, key: r.bytes32(MAX_KEY_BYTES, "key")?, value: r.bytes32(MAX_VALUE_BYTES, "value")? }
+            }
             OP_DELETE => Op::Delete { table, key: r.bytes32(MAX_KEY_BYTES, "key")? },
             OP_CREATE_TABLE => {
                 let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name")?;
-                let name = std::str::from_utf8(raw)
-                    .map_err(|_| DecodeError { offset: 0, what: "table name is not UTF-8" })?;
+                let name =
+                    std::str::from_utf8(raw).map_err(|_| DecodeError { offset: 0, what: "table name is not UTF-8" })?;
                 Op::CreateTable { table, name }
             }
             OP_DROP_TABLE => Op::DropTable { table },
@@ -289,7 +287,11 @@ pub(crate) struct SegmentScan<'a> {
     pub later_max_durable_lsn: u64,
 }
 
-fn check_frame<'a>(bytes: &'a [u8], pos: usize, expect_lsn: u64) -> std::result::Result<(FrameHeader, &'a [u8]), &'static str> {
+fn check_frame<'a>(
+    bytes: &'a [u8],
+    pos: usize,
+    expect_lsn: u64,
+) -> std::result::Result<(FrameHeader, &'a [u8]), &'static str> {
     let rest = bytes.get(pos..).unwrap_or_default();
     if rest.len() < FRAME_HEADER_BYTES {
         return Err("truncated frame header");
@@ -455,13 +457,8 @@ impl WalWriter {
     pub fn roll(&mut self) -> Result<()> {
         self.file.sync_data().map_err(|e| Error::io(&self.current.path, e))?;
         let next_seq = self.current.seq + 1;
-        let (file, info) = create_segment(
-            self.fs.as_ref(),
-            &self.dir,
-            next_seq,
-            self.current.end_lsn,
-            self.current.last_ts + 1,
-        )?;
+        let (file, info) =
+            create_segment(self.fs.as_ref(), &self.dir, next_seq, self.current.end_lsn, self.current.last_ts + 1)?;
         let old = std::mem::replace(&mut self.current, info);
         self.sealed.push(old);
         self.file = file;
@@ -505,12 +502,7 @@ fn create_segment(
 ) -> Result<(Arc<dyn FileHandle>, SegmentInfo)> {
     let path = dir.join(segment_name(seq));
     let file = fs.open(&path, OpenMode::CreateNew).map_err(|e| Error::io(&path, e))?;
-    let header = encode_segment_header(&SegmentHeader {
-        version: crate::FORMAT_VERSION,
-        seq,
-        start_lsn,
-        first_ts,
-    });
+    let header = encode_segment_header(&SegmentHeader { version: crate::FORMAT_VERSION, seq, start_lsn, first_ts });
     write_all_at(file.as_ref(), &header, 0).map_err(|e| Error::io(&path, e))?;
     file.sync_data().map_err(|e| Error::io(&path, e))?;
     fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;

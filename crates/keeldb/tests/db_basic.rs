@@ -57,9 +57,14 @@ fn long_scans_cross_chunk_boundaries() {
     }
     tx.commit().unwrap();
     let rx = db.begin_read().unwrap();
-    let fwd: Vec<u32> = rx.scan("t", ScanRange::all()).unwrap().map(|r| u32::from_be_bytes(r.unwrap().0.try_into().unwrap())).collect();
+    let fwd: Vec<u32> =
+        rx.scan("t", ScanRange::all()).unwrap().map(|r| u32::from_be_bytes(r.unwrap().0.try_into().unwrap())).collect();
     assert_eq!(fwd, (0..2000).collect::<Vec<_>>());
-    let rev: Vec<u32> = rx.scan("t", ScanRange::all().reverse()).unwrap().map(|r| u32::from_be_bytes(r.unwrap().0.try_into().unwrap())).collect();
+    let rev: Vec<u32> = rx
+        .scan("t", ScanRange::all().reverse())
+        .unwrap()
+        .map(|r| u32::from_be_bytes(r.unwrap().0.try_into().unwrap()))
+        .collect();
     assert_eq!(rev, (0..2000).rev().collect::<Vec<_>>());
 }
 
@@ -181,7 +186,11 @@ fn limits_give_typed_errors_and_write_nothing() {
 #[test]
 fn transaction_size_limit() {
     let t = TestDir::new();
-    let db = Database::open(t.path(), keeldb::Options { max_txn_bytes: 1000, background_threads: false, ..Default::default() }).unwrap();
+    let db = Database::open(
+        t.path(),
+        keeldb::Options { max_txn_bytes: 1000, background_threads: false, ..Default::default() },
+    )
+    .unwrap();
     let mut tx = db.begin_write().unwrap();
     tx.put("t", b"a", &[0u8; 500]).unwrap();
     assert!(matches!(tx.put("t", b"b", &[0u8; 500]), Err(Error::LimitExceeded { what: "transaction", .. })));
@@ -268,10 +277,12 @@ fn closed_database_refuses_work() {
 fn transact_returns_the_closure_value() {
     let t = TestDir::new();
     let db = open(&t.path());
-    let n = db.transact(|tx| {
-        tx.put("t", b"k", b"v")?;
-        Ok(42)
-    }).unwrap();
+    let n = db
+        .transact(|tx| {
+            tx.put("t", b"k", b"v")?;
+            Ok(42)
+        })
+        .unwrap();
     assert_eq!(n, 42);
     let err = db.transact(|tx| -> keeldb::Result<()> {
         tx.put("t", b"k2", b"v")?;
@@ -288,10 +299,12 @@ fn ids_are_unique_across_threads_reopens_and_never_conflict() {
     for _round in 0..3 {
         let db = open(&t.path());
         let ids: Vec<u64> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4).map(|_| {
-                let db = db.clone();
-                s.spawn(move || (0..3000).map(|_| db.next_id().unwrap()).collect::<Vec<u64>>())
-            }).collect();
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let db = db.clone();
+                    s.spawn(move || (0..3000).map(|_| db.next_id().unwrap()).collect::<Vec<u64>>())
+                })
+                .collect();
             hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
         });
         for id in ids {

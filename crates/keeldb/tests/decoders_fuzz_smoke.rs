@@ -13,7 +13,9 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn sample_store() -> Vec<(String, Vec<u8>)> {
     let t = TestDir::new();
-    let db = Database::open(t.path(), Options { wal_segment_bytes: 2048, background_threads: false, ..Options::default() }).unwrap();
+    let db =
+        Database::open(t.path(), Options { wal_segment_bytes: 2048, background_threads: false, ..Options::default() })
+            .unwrap();
     for i in 0..60u32 {
         let mut tx = db.begin_write().unwrap();
         tx.put("alpha", &i.to_be_bytes(), &[i as u8; 40]).unwrap();
@@ -89,7 +91,13 @@ fn mutate(rng: &mut StdRng, files: &mut Vec<(String, Vec<u8>)>) {
         }
         _ => {
             // Rename a file to another plausible name.
-            let names = ["wal-0000000000000001.log", "wal-0000000000000009.log", "checkpoint-00000000000000000005.kc", "checkpoint-18446744073709551615.kc", "wal-9999999999999999.log"];
+            let names = [
+                "wal-0000000000000001.log",
+                "wal-0000000000000009.log",
+                "checkpoint-00000000000000000005.kc",
+                "checkpoint-18446744073709551615.kc",
+                "wal-9999999999999999.log",
+            ];
             files[i].0 = names[rng.gen_range(0..names.len())].to_owned();
         }
     }

@@ -132,7 +132,8 @@ fn unknown_nodes_and_edges_are_typed_errors_and_write_nothing() {
 fn labels_props_and_paging() {
     let t = TestDir::new();
     let db = open(&t.path());
-    let ids: Vec<NodeId> = write(&db, |g, tx| (0..10).map(|i| g.add_node(tx, if i % 2 == 0 { "even" } else { "odd" }, &[i])).collect());
+    let ids: Vec<NodeId> =
+        write(&db, |g, tx| (0..10).map(|i| g.add_node(tx, if i % 2 == 0 { "even" } else { "odd" }, &[i])).collect());
     let g = Graph::default();
     write(&db, |g, tx| {
         g.set_node_label(tx, ids[0], "odd")?;

@@ -52,7 +52,12 @@ fn concurrent_node_creation_never_conflicts() {
                 s.spawn(move || {
                     let mut mine = Vec::new();
                     for i in 0..per_thread {
-                        let mut tx = db.begin_write_with(TxnOptions { durability: Some(keeldb::Durability::Relaxed), ..TxnOptions::default() }).unwrap();
+                        let mut tx = db
+                            .begin_write_with(TxnOptions {
+                                durability: Some(keeldb::Durability::Relaxed),
+                                ..TxnOptions::default()
+                            })
+                            .unwrap();
                         mine.push(g.add_node(&mut tx, "task", format!("{i}").as_bytes()).unwrap());
                         tx.commit().expect("node creation must never conflict");
                     }

@@ -104,7 +104,8 @@ fn check(g: &Graph, rx: &mut impl keeldb::graph::GraphRead, m: &Model) {
     for &n in m.nodes.keys() {
         for dir in [Direction::Out, Direction::In, Direction::Both] {
             for t in [None, Some("depends_on"), Some("x")] {
-                let mut got: Vec<(u64, u64)> = g.adjacent(rx, n, dir, t).unwrap().into_iter().map(|a| (a.edge, a.node)).collect();
+                let mut got: Vec<(u64, u64)> =
+                    g.adjacent(rx, n, dir, t).unwrap().into_iter().map(|a| (a.edge, a.node)).collect();
                 got.sort_unstable();
                 assert_eq!(got, expected_adjacent(m, n, dir, t), "node {n} {dir:?} {t:?}");
             }

@@ -9,7 +9,11 @@ use keel_testkit::counting::CountingFs;
 use keeldb::{Database, Durability, Error, Options};
 
 fn open_counting(path: &std::path::Path, fs: &CountingFs, d: Durability) -> Database {
-    Database::open(path, Options { durability: d, fs: Arc::new(fs.clone()), background_threads: false, ..Options::default() }).unwrap()
+    Database::open(
+        path,
+        Options { durability: d, fs: Arc::new(fs.clone()), background_threads: false, ..Options::default() },
+    )
+    .unwrap()
 }
 
 #[test]
@@ -77,7 +81,8 @@ fn per_transaction_sync_in_a_relaxed_database_syncs() {
     let fs = CountingFs::new();
     let db = open_counting(&t.path(), &fs, Durability::Relaxed);
     let before = fs.counts.file_syncs.load(Ordering::SeqCst);
-    let mut tx = db.begin_write_with(keeldb::TxnOptions { durability: Some(Durability::Sync), ..Default::default() }).unwrap();
+    let mut tx =
+        db.begin_write_with(keeldb::TxnOptions { durability: Some(Durability::Sync), ..Default::default() }).unwrap();
     tx.put("t", b"k", b"v").unwrap();
     tx.commit().unwrap();
     assert_eq!(fs.counts.file_syncs.load(Ordering::SeqCst), before + 1);

@@ -57,8 +57,10 @@ fn check(db: &Database, model: &Model, rng: &mut StdRng) {
         if lo > hi {
             std::mem::swap(&mut lo, &mut hi);
         }
-        let want_range: Vec<(Vec<u8>, Vec<u8>)> =
-            want.range::<Vec<u8>, _>((Bound::Included(lo.clone()), Bound::Excluded(hi.clone()))).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let want_range: Vec<(Vec<u8>, Vec<u8>)> = want
+            .range::<Vec<u8>, _>((Bound::Included(lo.clone()), Bound::Excluded(hi.clone())))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let got_range: Vec<(Vec<u8>, Vec<u8>)> =
             rx.scan(t, ScanRange::all().start(lo.clone()).end(hi.clone())).unwrap().map(|r| r.unwrap()).collect();
         assert_eq!(got_range, want_range, "range scan of {t}");
@@ -149,7 +151,9 @@ fn random_operations_match_the_model_across_reopens() {
     for seed in seeds {
         let result = std::panic::catch_unwind(|| run(seed, 150));
         if let Err(e) = result {
-            eprintln!("model test failed; replay with KEEL_MODEL_SEED={seed} cargo test -p keeldb --test model_random_ops");
+            eprintln!(
+                "model test failed; replay with KEEL_MODEL_SEED={seed} cargo test -p keeldb --test model_random_ops"
+            );
             std::panic::resume_unwind(e);
         }
     }

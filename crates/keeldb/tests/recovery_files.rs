@@ -138,7 +138,9 @@ fn a_deleted_segment_is_corruption() {
     let t = TestDir::new();
     let path = t.path();
     {
-        let db = Database::open(&path, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() }).unwrap();
+        let db =
+            Database::open(&path, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() })
+                .unwrap();
         for i in 0..200u32 {
             put(&db, "t", &i.to_be_bytes(), &[7u8; 100]);
         }
@@ -154,7 +156,9 @@ fn a_deleted_segment_is_corruption() {
     let t2 = TestDir::new();
     let p2 = t2.path();
     {
-        let db = Database::open(&p2, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() }).unwrap();
+        let db =
+            Database::open(&p2, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() })
+                .unwrap();
         for i in 0..200u32 {
             put(&db, "t", &i.to_be_bytes(), &[7u8; 100]);
         }
@@ -260,7 +264,12 @@ fn automatic_checkpoints_bound_the_wal() {
     let path = t.path();
     let db = Database::open(
         &path,
-        Options { durability: Durability::Relaxed, wal_segment_bytes: 64 * 1024, checkpoint_wal_bytes: 256 * 1024, ..Options::default() },
+        Options {
+            durability: Durability::Relaxed,
+            wal_segment_bytes: 64 * 1024,
+            checkpoint_wal_bytes: 256 * 1024,
+            ..Options::default()
+        },
     )
     .unwrap();
     for i in 0..20_000u32 {

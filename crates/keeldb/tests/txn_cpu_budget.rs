@@ -158,7 +158,11 @@ fn transact_does_not_retry_a_budget_abort() {
 fn wall_clock_timeout_catches_slow_idle_transactions() {
     let t = TestDir::new();
     let db = open(&t.path());
-    let o = TxnOptions { timeout: Some(Duration::from_millis(300)), cpu_budget: Some(Duration::from_millis(10)), ..Default::default() };
+    let o = TxnOptions {
+        timeout: Some(Duration::from_millis(300)),
+        cpu_budget: Some(Duration::from_millis(10)),
+        ..Default::default()
+    };
     let mut tx = db.begin_write_with(o).unwrap();
     tx.put("t", b"a", b"1").unwrap();
     std::thread::sleep(Duration::from_millis(320)); // uses no CPU, only wall time

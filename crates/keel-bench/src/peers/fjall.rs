@@ -22,8 +22,7 @@ impl System for Fjall {
         match mode {
             Mode::Sync => "WriteBatch durability PersistMode::SyncData".to_string(),
             Mode::Periodic => {
-                "PersistMode::Buffer per batch + Database::persist(SyncData) every 100 ms (bench thread)"
-                    .to_string()
+                "PersistMode::Buffer per batch + Database::persist(SyncData) every 100 ms (bench thread)".to_string()
             }
             Mode::Relaxed => "PersistMode::Buffer per batch (the default: flushed to the OS)".to_string(),
         }
@@ -34,9 +33,7 @@ impl System for Fjall {
     }
 
     fn open(&self, dir: &Path, mode: Mode) -> anyhow::Result<Box<dyn Store>> {
-        let db = Database::builder(dir)
-            .open()
-            .with_context(|| format!("opening fjall {}", dir.display()))?;
+        let db = Database::builder(dir).open().with_context(|| format!("opening fjall {}", dir.display()))?;
         let keyspace = db.keyspace("kv", KeyspaceCreateOptions::default)?;
         let ticker = match mode {
             Mode::Periodic => {
@@ -52,12 +49,7 @@ impl System for Fjall {
             // fjall's own default for a batch when journal persistence is automatic.
             Mode::Periodic | Mode::Relaxed => Some(PersistMode::Buffer),
         };
-        Ok(Box::new(FjallStore {
-            db,
-            keyspace,
-            durability,
-            ticker,
-        }))
+        Ok(Box::new(FjallStore { db, keyspace, durability, ticker }))
     }
 }
 
@@ -72,11 +64,7 @@ impl Store for FjallStore {
     fn write(&self, update: Option<&[u8]>, puts: &[(&[u8], &[u8])]) -> anyhow::Result<()> {
         let mut batch = self.db.batch().durability(self.durability);
         if let Some(key) = update {
-            let mut value = self
-                .keyspace
-                .get(key)?
-                .context("update of a missing key")?
-                .to_vec();
+            let mut value = self.keyspace.get(key)?.context("update of a missing key")?.to_vec();
             value.push(b' ');
             batch.insert(&self.keyspace, key, value);
         }
@@ -88,10 +76,7 @@ impl Store for FjallStore {
     }
 
     fn reader(&self) -> anyhow::Result<Box<dyn Reader + '_>> {
-        Ok(Box::new(FjallReader {
-            snapshot: self.db.snapshot(),
-            keyspace: &self.keyspace,
-        }))
+        Ok(Box::new(FjallReader { snapshot: self.db.snapshot(), keyspace: &self.keyspace }))
     }
 
     fn checkpoint(&self) -> anyhow::Result<()> {

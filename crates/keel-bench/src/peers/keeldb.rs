@@ -41,10 +41,7 @@ impl System for KeelDb {
     }
 
     fn open(&self, dir: &Path, mode: Mode) -> anyhow::Result<Box<dyn Store>> {
-        Ok(Box::new(KeelStore::open(
-            dir,
-            Options::with_durability(durability(mode)),
-        )?))
+        Ok(Box::new(KeelStore::open(dir, Options::with_durability(durability(mode)))?))
     }
 }
 
@@ -58,8 +55,7 @@ impl KeelStore {
     /// Opens with explicit options (the recovery and scale suites turn off automatic
     /// checkpoints).
     pub fn open(dir: &Path, options: Options) -> anyhow::Result<KeelStore> {
-        let db = Database::open(dir, options)
-            .with_context(|| format!("opening keeldb at {}", dir.display()))?;
+        let db = Database::open(dir, options).with_context(|| format!("opening keeldb at {}", dir.display()))?;
         Ok(KeelStore { db })
     }
 }

@@ -87,11 +87,7 @@ impl Store for LmdbStore {
     fn write(&self, update: Option<&[u8]>, puts: &[(&[u8], &[u8])]) -> anyhow::Result<()> {
         let mut tx = self.env.write_txn()?;
         if let Some(key) = update {
-            let mut value = self
-                .db
-                .get(&tx, key)?
-                .context("update of a missing key")?
-                .to_vec();
+            let mut value = self.db.get(&tx, key)?.context("update of a missing key")?.to_vec();
             value.push(b' ');
             self.db.put(&mut tx, key, &value)?;
         }
@@ -103,10 +99,7 @@ impl Store for LmdbStore {
     }
 
     fn reader(&self) -> anyhow::Result<Box<dyn Reader + '_>> {
-        Ok(Box::new(LmdbReader {
-            db: self.db,
-            tx: self.env.read_txn()?,
-        }))
+        Ok(Box::new(LmdbReader { db: self.db, tx: self.env.read_txn()? }))
     }
 
     fn checkpoint(&self) -> anyhow::Result<()> {

@@ -164,20 +164,15 @@ impl Ticker {
     pub fn start(name: &str, tick: impl Fn() + Send + 'static) -> anyhow::Result<Ticker> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let handle = std::thread::Builder::new()
-            .name(format!("bench-{name}-sync"))
-            .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    std::thread::park_timeout(PERIODIC_INTERVAL);
-                    if !flag.load(Ordering::Acquire) {
-                        tick();
-                    }
+        let handle = std::thread::Builder::new().name(format!("bench-{name}-sync")).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(PERIODIC_INTERVAL);
+                if !flag.load(Ordering::Acquire) {
+                    tick();
                 }
-            })?;
-        Ok(Ticker {
-            stop,
-            handle: Some(handle),
-        })
+            }
+        })?;
+        Ok(Ticker { stop, handle: Some(handle) })
     }
 
     /// Stops the thread and waits for it.
@@ -215,27 +210,15 @@ mod tests {
                 store.write(Some(b"a"), &[(b"c", b"3")]).unwrap();
                 {
                     let mut reader = store.reader().unwrap();
-                    assert_eq!(
-                        reader.get(b"a").unwrap().as_deref(),
-                        Some(&b"1 "[..]),
-                        "{label}"
-                    );
-                    assert_eq!(
-                        reader.get(b"c").unwrap().as_deref(),
-                        Some(&b"3"[..]),
-                        "{label}"
-                    );
+                    assert_eq!(reader.get(b"a").unwrap().as_deref(), Some(&b"1 "[..]), "{label}");
+                    assert_eq!(reader.get(b"c").unwrap().as_deref(), Some(&b"3"[..]), "{label}");
                     assert_eq!(reader.get(b"zz").unwrap(), None, "{label}");
                 }
                 store.checkpoint().unwrap();
                 store.close().unwrap();
                 let store = system.open(dir.path(), mode).unwrap();
                 let mut reader = store.reader().unwrap();
-                assert_eq!(
-                    reader.get(b"b").unwrap().as_deref(),
-                    Some(&b"2"[..]),
-                    "{label}"
-                );
+                assert_eq!(reader.get(b"b").unwrap().as_deref(), Some(&b"2"[..]), "{label}");
                 drop(reader);
                 store.close().unwrap();
             }

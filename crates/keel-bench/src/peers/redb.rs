@@ -24,12 +24,8 @@ impl System for Redb {
     fn describe(&self, mode: Mode) -> String {
         match mode {
             Mode::Sync => "Durability::Immediate".to_string(),
-            Mode::Periodic => {
-                "Durability::None + Immediate empty commit every 100 ms (bench thread)".to_string()
-            }
-            Mode::Relaxed => {
-                "Durability::None (lost on crash until an Immediate commit)".to_string()
-            }
+            Mode::Periodic => "Durability::None + Immediate empty commit every 100 ms (bench thread)".to_string(),
+            Mode::Relaxed => "Durability::None (lost on crash until an Immediate commit)".to_string(),
         }
     }
 
@@ -40,9 +36,7 @@ impl System for Redb {
     fn open(&self, dir: &Path, mode: Mode) -> anyhow::Result<Box<dyn Store>> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("kv.redb");
-        let db = Arc::new(
-            Database::create(&path).with_context(|| format!("opening redb {}", path.display()))?,
-        );
+        let db = Arc::new(Database::create(&path).with_context(|| format!("opening redb {}", path.display()))?);
         let tx = db.begin_write()?;
         tx.open_table(TABLE)?;
         tx.commit()?;
@@ -59,11 +53,7 @@ impl System for Redb {
             Mode::Sync => Durability::Immediate,
             Mode::Periodic | Mode::Relaxed => Durability::None,
         };
-        Ok(Box::new(RedbStore {
-            db,
-            durability,
-            ticker,
-        }))
+        Ok(Box::new(RedbStore { db, durability, ticker }))
     }
 }
 
@@ -87,11 +77,7 @@ impl Store for RedbStore {
         {
             let mut table = tx.open_table(TABLE)?;
             if let Some(key) = update {
-                let mut value = table
-                    .get(key)?
-                    .context("update of a missing key")?
-                    .value()
-                    .to_vec();
+                let mut value = table.get(key)?.context("update of a missing key")?.value().to_vec();
                 value.push(b' ');
                 table.insert(key, value.as_slice())?;
             }

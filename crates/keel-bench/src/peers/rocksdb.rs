@@ -22,9 +22,7 @@ impl System for RocksDb {
     fn describe(&self, mode: Mode) -> String {
         match mode {
             Mode::Sync => "WriteOptions sync=true".to_string(),
-            Mode::Periodic => {
-                "sync=false + DB::flush_wal(true) every 100 ms (bench thread)".to_string()
-            }
+            Mode::Periodic => "sync=false + DB::flush_wal(true) every 100 ms (bench thread)".to_string(),
             Mode::Relaxed => "sync=false (WAL on, not synced)".to_string(),
         }
     }
@@ -36,10 +34,7 @@ impl System for RocksDb {
     fn open(&self, dir: &Path, mode: Mode) -> anyhow::Result<Box<dyn Store>> {
         let mut options = Options::default();
         options.create_if_missing(true);
-        let db = Arc::new(
-            DB::open(&options, dir)
-                .with_context(|| format!("opening rocksdb {}", dir.display()))?,
-        );
+        let db = Arc::new(DB::open(&options, dir).with_context(|| format!("opening rocksdb {}", dir.display()))?);
         let ticker = match mode {
             Mode::Periodic => {
                 let db = Arc::clone(&db);
@@ -51,11 +46,7 @@ impl System for RocksDb {
         };
         let mut write_options = WriteOptions::default();
         write_options.set_sync(mode == Mode::Sync);
-        Ok(Box::new(RocksStore {
-            db,
-            write_options,
-            ticker,
-        }))
+        Ok(Box::new(RocksStore { db, write_options, ticker }))
     }
 }
 

@@ -41,11 +41,7 @@ pub fn describe_with(journal: Journal, mode: Mode) -> String {
         Journal::Delete => "DELETE",
         Journal::Wal => "WAL",
     };
-    format!(
-        "journal_mode={journal}, synchronous={} (SQLite {})",
-        synchronous(mode),
-        rusqlite::version()
-    )
+    format!("journal_mode={journal}, synchronous={} (SQLite {})", synchronous(mode), rusqlite::version())
 }
 
 impl System for Sqlite {
@@ -82,38 +78,25 @@ pub fn open_with(dir: &Path, journal: Journal, mode: Mode) -> anyhow::Result<Sql
         Journal::Delete => "DELETE",
         Journal::Wal => "WAL",
     };
-    let set: String = conn.query_row(&format!("PRAGMA journal_mode={journal_name}"), [], |r| {
-        r.get(0)
-    })?;
-    anyhow::ensure!(
-        set.eq_ignore_ascii_case(journal_name),
-        "sqlite refused journal_mode={journal_name} (got {set})"
-    );
+    let set: String = conn.query_row(&format!("PRAGMA journal_mode={journal_name}"), [], |r| r.get(0))?;
+    anyhow::ensure!(set.eq_ignore_ascii_case(journal_name), "sqlite refused journal_mode={journal_name} (got {set})");
     conn.execute_batch(&format!(
         "PRAGMA synchronous={};
          CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID;",
         synchronous(mode)
     ))?;
-    Ok(SqliteStore {
-        path,
-        writer: Mutex::new(conn),
-        readers: Mutex::new(Vec::new()),
-    })
+    Ok(SqliteStore { path, writer: Mutex::new(conn), readers: Mutex::new(Vec::new()) })
 }
 
 fn connect(path: &Path) -> anyhow::Result<Connection> {
-    let conn =
-        Connection::open(path).with_context(|| format!("opening sqlite {}", path.display()))?;
+    let conn = Connection::open(path).with_context(|| format!("opening sqlite {}", path.display()))?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     Ok(conn)
 }
 
 impl Store for SqliteStore {
     fn write(&self, update: Option<&[u8]>, puts: &[(&[u8], &[u8])]) -> anyhow::Result<()> {
-        let mut conn = self
-            .writer
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let mut conn = self.writer.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let tx = conn.transaction()?;
         {
             if let Some(key) = update {
@@ -123,11 +106,9 @@ impl Store for SqliteStore {
                     .optional()?
                     .context("update of a missing key")?;
                 value.push(b' ');
-                tx.prepare_cached("INSERT OR REPLACE INTO kv (k, v) VALUES (?1, ?2)")?
-                    .execute(params![key, value])?;
+                tx.prepare_cached("INSERT OR REPLACE INTO kv (k, v) VALUES (?1, ?2)")?.execute(params![key, value])?;
             }
-            let mut insert =
-                tx.prepare_cached("INSERT OR REPLACE INTO kv (k, v) VALUES (?1, ?2)")?;
+            let mut insert = tx.prepare_cached("INSERT OR REPLACE INTO kv (k, v) VALUES (?1, ?2)")?;
             for (key, value) in puts {
                 insert.execute(params![key, value])?;
             }
@@ -137,43 +118,27 @@ impl Store for SqliteStore {
     }
 
     fn reader(&self) -> anyhow::Result<Box<dyn Reader + '_>> {
-        let pooled = self
-            .readers
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .pop();
+        let pooled = self.readers.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
         let conn = match pooled {
             Some(conn) => conn,
             None => connect(&self.path)?,
         };
-        Ok(Box::new(SqliteReader {
-            store: self,
-            conn: Some(conn),
-        }))
+        Ok(Box::new(SqliteReader { store: self, conn: Some(conn) }))
     }
 
     fn checkpoint(&self) -> anyhow::Result<()> {
-        let conn = self
-            .writer
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let conn = self.writer.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         // The result row (busy, log pages, checkpointed pages) is not needed.
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
 
     fn close(self: Box<Self>) -> anyhow::Result<()> {
-        let readers = self
-            .readers
-            .into_inner()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let readers = self.readers.into_inner().map_err(|_| anyhow::anyhow!("poisoned"))?;
         for conn in readers {
             conn.close().map_err(|(_, e)| e)?;
         }
-        let writer = self
-            .writer
-            .into_inner()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let writer = self.writer.into_inner().map_err(|_| anyhow::anyhow!("poisoned"))?;
         writer.close().map_err(|(_, e)| e)?;
         Ok(())
     }
@@ -187,10 +152,8 @@ struct SqliteReader<'a> {
 impl Reader for SqliteReader<'_> {
     fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
         let conn = self.conn.as_ref().context("reader already returned")?;
-        let value = conn
-            .prepare_cached("SELECT v FROM kv WHERE k = ?1")?
-            .query_row(params![key], |r| r.get(0))
-            .optional()?;
+        let value =
+            conn.prepare_cached("SELECT v FROM kv WHERE k = ?1")?.query_row(params![key], |r| r.get(0)).optional()?;
         Ok(value)
     }
 }

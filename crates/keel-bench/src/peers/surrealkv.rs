@@ -24,10 +24,7 @@ impl System for SurrealKv {
     fn describe(&self, mode: Mode) -> String {
         match mode {
             Mode::Sync => "Durability::Immediate".to_string(),
-            Mode::Periodic => {
-                "Durability::Eventual + Tree::flush_wal(true) every 100 ms (bench thread)"
-                    .to_string()
-            }
+            Mode::Periodic => "Durability::Eventual + Tree::flush_wal(true) every 100 ms (bench thread)".to_string(),
             Mode::Relaxed => "Durability::Eventual (default)".to_string(),
         }
     }
@@ -44,11 +41,7 @@ impl System for SurrealKv {
             .build()
             .context("starting a tokio runtime for surrealkv")?;
         let tree = runtime
-            .block_on(
-                TreeBuilder::new()
-                    .with_path(dir.to_path_buf())
-                    .build_async(),
-            )
+            .block_on(TreeBuilder::new().with_path(dir.to_path_buf()).build_async())
             .with_context(|| format!("opening surrealkv {}", dir.display()))?;
         let tree = Arc::new(tree);
         let ticker = match mode {
@@ -64,12 +57,7 @@ impl System for SurrealKv {
             Mode::Sync => Durability::Immediate,
             Mode::Periodic | Mode::Relaxed => Durability::Eventual,
         };
-        Ok(Box::new(SurrealStore {
-            runtime,
-            tree,
-            durability,
-            ticker,
-        }))
+        Ok(Box::new(SurrealStore { runtime, tree, durability, ticker }))
     }
 }
 
@@ -97,16 +85,13 @@ impl Store for SurrealStore {
     }
 
     fn reader(&self) -> anyhow::Result<Box<dyn Reader + '_>> {
-        Ok(Box::new(SurrealReader(
-            self.tree.begin_with_mode(TxnMode::ReadOnly)?,
-        )))
+        Ok(Box::new(SurrealReader(self.tree.begin_with_mode(TxnMode::ReadOnly)?)))
     }
 
     fn checkpoint(&self) -> anyhow::Result<()> {
         self.tree.flush_wal(true)?;
         let _guard = self.runtime.enter();
-        self.tree
-            .compact_range(None, None, &CompactRangeOptions::default())?;
+        self.tree.compact_range(None, None, &CompactRangeOptions::default())?;
         Ok(())
     }
 

@@ -29,7 +29,9 @@ struct Plan {
 
 fn plan(scale: Scale) -> Plan {
     match scale {
-        Scale::Full => Plan { work_ops: 1_000, put_txns: 300_000, rounds: 10, clock_reads: 1_000_000, detection_runs: 1_000 },
+        Scale::Full => {
+            Plan { work_ops: 1_000, put_txns: 300_000, rounds: 10, clock_reads: 1_000_000, detection_runs: 1_000 }
+        }
         Scale::Quick => Plan { work_ops: 200, put_txns: 60_000, rounds: 4, clock_reads: 200_000, detection_runs: 200 },
         Scale::Tiny => Plan { work_ops: 10, put_txns: 500, rounds: 2, clock_reads: 1_000, detection_runs: 5 },
     }
@@ -94,7 +96,8 @@ fn compare(
 pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     let plan = plan(context.scale);
     let mut rows = Vec::new();
-    let row = |config: &str, case: &str, metric: &str, value: f64| Row::new(SUITE, "keeldb", config, case, metric, value);
+    let row =
+        |config: &str, case: &str, metric: &str, value: f64| Row::new(SUITE, "keeldb", config, case, metric, value);
     let dir_on = context.temp_dir(SUITE)?;
     let dir_off = context.temp_dir(SUITE)?;
     let on = open(dir_on.path(), true)?;
@@ -112,7 +115,11 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     let overhead = (with_ns / without_ns - 1.0) * 100.0;
     context.progress.line(
         SUITE,
-        format!("1 ms CPU ops: {:.4} ms without, {:.4} ms with accounting ({overhead:+.2}%)", without_ns / 1e6, with_ns / 1e6),
+        format!(
+            "1 ms CPU ops: {:.4} ms without, {:.4} ms with accounting ({overhead:+.2}%)",
+            without_ns / 1e6,
+            with_ns / 1e6
+        ),
     );
     rows.push(row("no-accounting", "ops_1ms_cpu", "avg_ms", without_ns / 1e6));
     rows.push(row("accounting", "ops_1ms_cpu", "avg_ms", with_ns / 1e6));
@@ -171,7 +178,8 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         }
     }
     db.close()?;
-    let (p50, p99, max) = (overshoot.percentile_ns(50.0) / 1e3, overshoot.percentile_ns(99.0) / 1e3, overshoot.max_ns() / 1e3);
+    let (p50, p99, max) =
+        (overshoot.percentile_ns(50.0) / 1e3, overshoot.percentile_ns(99.0) / 1e3, overshoot.max_ns() / 1e3);
     context.progress.line(
         SUITE,
         format!("detection past a 2 ms budget ({} runs, 20 µs steps): p50 {p50:.1} µs, p99 {p99:.1} µs, max {max:.1} µs of CPU", plan.detection_runs),

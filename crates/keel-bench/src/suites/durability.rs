@@ -54,11 +54,7 @@ fn budgets(scale: Scale) -> Budgets {
 const ROUNDS: u64 = 4;
 
 fn slice(budget: Budget) -> Budget {
-    Budget::new(
-        budget.min_iters.div_ceil(ROUNDS),
-        budget.max_iters.div_ceil(ROUNDS),
-        budget.max_time / ROUNDS as u32,
-    )
+    Budget::new(budget.min_iters.div_ceil(ROUNDS), budget.max_iters.div_ceil(ROUNDS), budget.max_time / ROUNDS as u32)
 }
 
 /// What one system accumulated over the rounds of one mode.
@@ -74,12 +70,7 @@ struct Tally {
 }
 
 /// A system, its open store, the store's directory (removed on drop) and its tally.
-type OpenStore = (
-    &'static dyn System,
-    Box<dyn Store>,
-    tempfile::TempDir,
-    Tally,
-);
+type OpenStore = (&'static dyn System, Box<dyn Store>, tempfile::TempDir, Tally);
 
 /// Runs the suite for every durability mode, with every system's store of that mode open.
 pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
@@ -94,8 +85,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         }
         for _ in 0..ROUNDS {
             for (_, store, _, tally) in &mut stores {
-                let (samples, elapsed) =
-                    creates(store.as_ref(), slice(budgets.creates), &mut tally.next_id)?;
+                let (samples, elapsed) = creates(store.as_ref(), slice(budgets.creates), &mut tally.next_id)?;
                 tally.created.merge(samples);
                 tally.create_time += elapsed;
             }
@@ -109,15 +99,13 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         }
         for _ in 0..ROUNDS {
             for (_, store, _, tally) in &mut stores {
-                let samples =
-                    five_op_txns(store.as_ref(), slice(budgets.txn_5_ops), &mut tally.next_id)?;
+                let samples = five_op_txns(store.as_ref(), slice(budgets.txn_5_ops), &mut tally.next_id)?;
                 tally.txn.merge(samples);
             }
         }
         for _ in 0..ROUNDS {
             for (_, store, _, tally) in &mut stores {
-                let samples =
-                    bulk_100(store.as_ref(), slice(budgets.bulk_100), &mut tally.next_id)?;
+                let samples = bulk_100(store.as_ref(), slice(budgets.bulk_100), &mut tally.next_id)?;
                 tally.bulk.merge(samples);
             }
         }
@@ -147,11 +135,7 @@ fn tally_rows(context: &SuiteContext, name: &str, config: &str, tally: &mut Tall
     push("txn_5_ops", "avg_us", ns_to_us(tally.txn.mean_ns()));
     let bulk_ns = tally.bulk.mean_ns();
     // Items per second of transaction time; building the records is not part of it.
-    let bulk_ops = if bulk_ns > 0.0 {
-        100.0 * 1e9 / bulk_ns
-    } else {
-        0.0
-    };
+    let bulk_ops = if bulk_ns > 0.0 { 100.0 * 1e9 / bulk_ns } else { 0.0 };
     push("bulk_100", "total_us", ns_to_us(bulk_ns));
     push("bulk_100", "per_item_us", ns_to_us(bulk_ns / 100.0));
     push("create", "ops_per_s", create_ops);
@@ -176,11 +160,7 @@ fn task_key(id: u64) -> Vec<u8> {
 
 /// Single creates, each its own committed transaction; per-operation latencies and the time
 /// the whole loop took.
-fn creates(
-    db: &dyn Store,
-    budget: Budget,
-    next_id: &mut u64,
-) -> anyhow::Result<(Samples, Duration)> {
+fn creates(db: &dyn Store, budget: Budget, next_id: &mut u64) -> anyhow::Result<(Samples, Duration)> {
     let mut samples = Samples::with_capacity(1024);
     let mut run = budget.start();
     while run.keep_going() {
@@ -228,10 +208,7 @@ fn five_op_txns(db: &dyn Store, budget: Budget, next_id: &mut u64) -> anyhow::Re
         let target = task_key(order.next_index());
         let new_ids = [*next_id, *next_id + 1, *next_id + 2];
         *next_id += 3;
-        let records: Vec<(Vec<u8>, Vec<u8>)> = new_ids
-            .iter()
-            .map(|&id| (task_key(id), task_json(id)))
-            .collect();
+        let records: Vec<(Vec<u8>, Vec<u8>)> = new_ids.iter().map(|&id| (task_key(id), task_json(id))).collect();
         let puts: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
         let started = Instant::now();
         db.write(Some(&target), &puts)?;
@@ -247,9 +224,7 @@ fn bulk_100(db: &dyn Store, budget: Budget, next_id: &mut u64) -> anyhow::Result
     while run.keep_going() {
         let first = *next_id;
         *next_id += 100;
-        let records: Vec<(Vec<u8>, Vec<u8>)> = (first..first + 100)
-            .map(|id| (task_key(id), task_json(id)))
-            .collect();
+        let records: Vec<(Vec<u8>, Vec<u8>)> = (first..first + 100).map(|id| (task_key(id), task_json(id))).collect();
         let puts: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
         let started = Instant::now();
         db.write(None, &puts)?;

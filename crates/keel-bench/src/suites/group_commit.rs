@@ -54,9 +54,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
             raw.commits_per_s, raw.p50_us, raw.p99_us
         ),
     );
-    let raw_row = |metric: &str, value: f64| {
-        Row::new(SUITE, "raw-fdatasync", "4k-append", "single", metric, value)
-    };
+    let raw_row = |metric: &str, value: f64| Row::new(SUITE, "raw-fdatasync", "4k-append", "single", metric, value);
     rows.push(raw_row("commits_per_s", raw.commits_per_s));
     rows.push(raw_row("p50_us", raw.p50_us));
     rows.push(raw_row("p99_us", raw.p99_us));
@@ -71,15 +69,8 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     for &writers in writer_counts(context.scale) {
         for (name, store) in &stores {
             let result = run_writers(store.as_ref(), writers, window(context.scale))?;
-            let ratio = if raw.commits_per_s > 0.0 {
-                result.commits_per_s / raw.commits_per_s
-            } else {
-                0.0
-            };
-            let per_sync = result
-                .commits_per_sync
-                .map(|c| format!(", {c:.1} commits/fdatasync"))
-                .unwrap_or_default();
+            let ratio = if raw.commits_per_s > 0.0 { result.commits_per_s / raw.commits_per_s } else { 0.0 };
+            let per_sync = result.commits_per_sync.map(|c| format!(", {c:.1} commits/fdatasync")).unwrap_or_default();
             context.progress.line(
                 SUITE,
                 format!(
@@ -88,11 +79,8 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
                 ),
             );
             let case = format!("writers_{writers}");
-            let mut metrics = vec![
-                ("commits_per_s", result.commits_per_s),
-                ("p50_us", result.p50_us),
-                ("p99_us", result.p99_us),
-            ];
+            let mut metrics =
+                vec![("commits_per_s", result.commits_per_s), ("p50_us", result.p50_us), ("p99_us", result.p99_us)];
             if let Some(per_sync) = result.commits_per_sync {
                 metrics.push(("commits_per_sync", per_sync));
             }
@@ -135,10 +123,7 @@ fn run_writers(db: &dyn Store, writers: usize, window: Duration) -> anyhow::Resu
         let started = Instant::now();
         let results: Vec<anyhow::Result<Samples>> = handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
-            })
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked"))))
             .collect();
         (results, started.elapsed())
     });
@@ -150,11 +135,7 @@ fn run_writers(db: &dyn Store, writers: usize, window: Duration) -> anyhow::Resu
     let commits_per_sync = match (before, after) {
         (Some((c0, s0)), Some((c1, s1))) => {
             let (commits, syncs) = (c1.saturating_sub(c0), s1.saturating_sub(s0));
-            Some(if syncs > 0 {
-                commits as f64 / syncs as f64
-            } else {
-                0.0
-            })
+            Some(if syncs > 0 { commits as f64 / syncs as f64 } else { 0.0 })
         }
         _ => None,
     };
@@ -184,9 +165,7 @@ fn writer_loop(
         let key = format!("w{writers}-t{thread}-{i}");
         i += 1;
         db.write(None, &[(key.as_bytes(), value)]).map_err(|e| {
-            e.context(format!(
-                "commit by writer {thread} of {writers} (keys are disjoint, so a conflict is a bug)"
-            ))
+            e.context(format!("commit by writer {thread} of {writers} (keys are disjoint, so a conflict is a bug)"))
         })?;
         samples.push(started.elapsed());
     }

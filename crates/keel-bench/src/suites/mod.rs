@@ -18,13 +18,8 @@ use keeldb::{Database, Durability, Options};
 
 /// Opens a store at `path` with `durability` and default options otherwise.
 pub(crate) fn open(path: &Path, durability: Durability) -> anyhow::Result<Database> {
-    Database::open(path, Options::with_durability(durability)).with_context(|| {
-        format!(
-            "opening a {} store at {}",
-            durability.name(),
-            path.display()
-        )
-    })
+    Database::open(path, Options::with_durability(durability))
+        .with_context(|| format!("opening a {} store at {}", durability.name(), path.display()))
 }
 
 /// A deterministic 64-bit mix (splitmix64), used for keys and pseudo-random read orders so runs
@@ -80,10 +75,7 @@ pub(crate) struct IndexStream {
 
 impl IndexStream {
     pub(crate) fn new(seed: u64, n: u64) -> Self {
-        IndexStream {
-            state: seed,
-            n: n.max(1),
-        }
+        IndexStream { state: seed, n: n.max(1) }
     }
 
     pub(crate) fn next_index(&mut self) -> u64 {

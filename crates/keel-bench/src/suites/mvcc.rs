@@ -80,10 +80,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     let dir = context.temp_dir(SUITE)?;
     let db = open(&dir.path().join("store"), Durability::Relaxed)?;
 
-    for (durability, budget) in [
-        (Durability::Relaxed, plan.txn_relaxed),
-        (Durability::Sync, plan.txn_sync),
-    ] {
+    for (durability, budget) in [(Durability::Relaxed, plan.txn_relaxed), (Durability::Sync, plan.txn_sync)] {
         rows.extend(transaction_overhead(context, &db, durability, budget)?);
     }
     rows.extend(version_chains(context, &db, &plan)?);
@@ -138,11 +135,7 @@ fn peer_point_reads(
     }
     let read_elapsed = started.elapsed();
     drop(reader);
-    ensure!(
-        found == reads,
-        "{name}: {} of {reads} reads of loaded keys found nothing",
-        reads - found
-    );
+    ensure!(found == reads, "{name}: {} of {reads} reads of loaded keys found nothing", reads - found);
     store.close()?;
     let read_ns = read_elapsed.as_nanos() as f64 / reads.max(1) as f64;
     context.progress.line(
@@ -155,22 +148,12 @@ fn peer_point_reads(
     let case = format!("keys_{n}");
     Ok(vec![
         Row::new(SUITE, name, "relaxed", &case, "read_ns", read_ns),
-        Row::new(
-            SUITE,
-            name,
-            "relaxed",
-            &case,
-            "load_keys_per_s",
-            per_second(n, load_elapsed),
-        ),
+        Row::new(SUITE, name, "relaxed", &case, "load_keys_per_s", per_second(n, load_elapsed)),
     ])
 }
 
 fn txn_options(durability: Durability) -> TxnOptions {
-    TxnOptions {
-        durability: Some(durability),
-        ..TxnOptions::default()
-    }
+    TxnOptions { durability: Some(durability), ..TxnOptions::default() }
 }
 
 /// Means of a phased loop, in ns.
@@ -276,11 +259,7 @@ fn phased(
         sums[2] += commit.as_nanos();
     }
     let n = run.iterations().max(1) as f64;
-    Ok(Phases {
-        begin: sums[0] as f64 / n,
-        put: sums[1] as f64 / n,
-        commit: sums[2] as f64 / n,
-    })
+    Ok(Phases { begin: sums[0] as f64 / n, put: sums[1] as f64 / n, commit: sums[2] as f64 / n })
 }
 
 /// Runs `step` under `budget` without timing each call; the mean in ns.
@@ -302,9 +281,7 @@ fn version_chains(context: &SuiteContext, db: &Database, plan: &Plan) -> anyhow:
     let table = "chains";
     for depth in DEPTHS {
         let key = |i: u64| format!("d{depth:02}-{i:08}").into_bytes();
-        let version = |round: u64| {
-            format!("value at round {round:04} padded to look like a record").into_bytes()
-        };
+        let version = |round: u64| format!("value at round {round:04} padded to look like a record").into_bytes();
         db.transact(|tx| {
             for i in 0..plan.chain_keys {
                 tx.put(table, &key(i), &version(0))?;
@@ -323,37 +300,17 @@ fn version_chains(context: &SuiteContext, db: &Database, plan: &Plan) -> anyhow:
         let new = db.begin_read()?;
         for i in [0, plan.chain_keys - 1] {
             let newest = new.get(table, &key(i))?;
-            ensure!(
-                newest == Some(version(depth)),
-                "engine bug: new snapshot at depth {depth} read {newest:?}"
-            );
+            ensure!(newest == Some(version(depth)), "engine bug: new snapshot at depth {depth} read {newest:?}");
             let oldest = old.get(table, &key(i))?;
-            ensure!(
-                oldest == Some(version(0)),
-                "engine bug: old snapshot at depth {depth} read {oldest:?}"
-            );
+            ensure!(oldest == Some(version(0)), "engine bug: old snapshot at depth {depth} read {oldest:?}");
         }
         let keys: Vec<Vec<u8>> = (0..plan.chain_keys).map(key).collect();
         let new_ns = read_loop(plan.chain_reads, &keys, |k| new.get(table, k))?;
         let old_ns = read_loop(plan.chain_reads, &keys, |k| old.get(table, k))?;
         drop(old);
         let case = format!("depth_{depth}");
-        rows.push(Row::new(
-            SUITE,
-            "keeldb",
-            "relaxed",
-            &case,
-            "new_snapshot_ns",
-            new_ns,
-        ));
-        rows.push(Row::new(
-            SUITE,
-            "keeldb",
-            "relaxed",
-            &case,
-            "old_snapshot_ns",
-            old_ns,
-        ));
+        rows.push(Row::new(SUITE, "keeldb", "relaxed", &case, "new_snapshot_ns", new_ns));
+        rows.push(Row::new(SUITE, "keeldb", "relaxed", &case, "old_snapshot_ns", old_ns));
         context.progress.line(
             SUITE,
             format!("keeldb version-chain depth {depth}: newest {new_ns:.0} ns/read, oldest {old_ns:.0} ns/read"),
@@ -379,21 +336,13 @@ fn read_loop(
         }
     }
     let elapsed = started.elapsed();
-    ensure!(
-        found == reads,
-        "engine bug: {} of {reads} reads of present keys found nothing",
-        reads - found
-    );
+    ensure!(found == reads, "engine bug: {} of {reads} reads of present keys found nothing", reads - found);
     Ok(elapsed.as_nanos() as f64 / reads.max(1) as f64)
 }
 
 /// Loads `large_keys` keys (16-byte keys, 100-byte values) in relaxed transactions, measuring
 /// resident memory before and after, then point-reads them in a pseudo-random order.
-fn large_table(
-    context: &SuiteContext,
-    dir: &std::path::Path,
-    plan: &Plan,
-) -> anyhow::Result<Vec<Row>> {
+fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let n = plan.large_keys;
     let table = "large";
     // Keys and values are generated on the fly so nothing but the store grows with n.
@@ -413,13 +362,7 @@ fn large_table(
     }
     let load_elapsed = started.elapsed();
     let rss_after = resident_bytes();
-    context.progress.line(
-        SUITE,
-        format!(
-            "keeldb loaded {n} keys in {:.2} s",
-            load_elapsed.as_secs_f64()
-        ),
-    );
+    context.progress.line(SUITE, format!("keeldb loaded {n} keys in {:.2} s", load_elapsed.as_secs_f64()));
 
     let rx = db.begin_read()?;
     let mut order = IndexStream::new(0xbead, n);
@@ -444,29 +387,12 @@ fn large_table(
     let read_ns = read_elapsed.as_nanos() as f64 / plan.large_reads.max(1) as f64;
     let mut rows = vec![
         Row::new(SUITE, "keeldb", "relaxed", &case, "read_ns", read_ns),
-        Row::new(
-            SUITE,
-            "keeldb",
-            "relaxed",
-            &case,
-            "load_keys_per_s",
-            per_second(n, load_elapsed),
-        ),
+        Row::new(SUITE, "keeldb", "relaxed", &case, "load_keys_per_s", per_second(n, load_elapsed)),
     ];
     if let (Some(before), Some(after)) = (rss_before, rss_after) {
         let per_key = after.saturating_sub(before) as f64 / n.max(1) as f64;
-        rows.push(Row::new(
-            SUITE,
-            "keeldb",
-            "relaxed",
-            &case,
-            "bytes_per_key",
-            per_key,
-        ));
-        context.progress.line(
-            SUITE,
-            format!("keeldb {n} keys: {read_ns:.0} ns/read, {per_key:.0} resident bytes/key"),
-        );
+        rows.push(Row::new(SUITE, "keeldb", "relaxed", &case, "bytes_per_key", per_key));
+        context.progress.line(SUITE, format!("keeldb {n} keys: {read_ns:.0} ns/read, {per_key:.0} resident bytes/key"));
     }
     Ok(rows)
 }

@@ -46,13 +46,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn one(
-    context: &SuiteContext,
-    system: &dyn System,
-    dir: &Path,
-    n: u64,
-    checkpoint: bool,
-) -> anyhow::Result<Vec<Row>> {
+fn one(context: &SuiteContext, system: &dyn System, dir: &Path, n: u64, checkpoint: bool) -> anyhow::Result<Vec<Row>> {
     let name = system.name();
     let spec = ChildSpec {
         task: "fill".to_string(),
@@ -67,18 +61,11 @@ fn one(
         sync_budget_ms: 0,
     };
     let written = run_and_kill(&context.child_command, &spec)?;
-    anyhow::ensure!(
-        crate::child::is_populated(dir),
-        "the helper wrote nothing to {}",
-        dir.display()
-    );
+    anyhow::ensure!(crate::child::is_populated(dir), "the helper wrote nothing to {}", dir.display());
 
     let started = Instant::now();
     let (store, replay): (Box<dyn Store>, Option<keeldb::RecoveryReport>) = if name == "keeldb" {
-        let store = KeelStore::open(
-            dir,
-            keeldb::Options::with_durability(keeldb::Durability::Relaxed),
-        )?;
+        let store = KeelStore::open(dir, keeldb::Options::with_durability(keeldb::Durability::Relaxed))?;
         let report = store.db.recovery_report();
         (Box::new(store), Some(report))
     } else {
@@ -98,38 +85,13 @@ fn one(
     store.close()?;
     let recovered_pct = 100.0 * present as f64 / SAMPLES as f64;
 
-    let case = if checkpoint {
-        format!("checkpoint_{n}")
-    } else {
-        format!("wal_{n}")
-    };
+    let case = if checkpoint { format!("checkpoint_{n}") } else { format!("wal_{n}") };
     let mut rows = vec![
-        Row::new(
-            SUITE,
-            name,
-            "relaxed",
-            &case,
-            "reopen_ms",
-            reopen.as_secs_f64() * 1e3,
-        ),
-        Row::new(
-            SUITE,
-            name,
-            "relaxed",
-            &case,
-            "recovered_pct",
-            recovered_pct,
-        ),
+        Row::new(SUITE, name, "relaxed", &case, "reopen_ms", reopen.as_secs_f64() * 1e3),
+        Row::new(SUITE, name, "relaxed", &case, "recovered_pct", recovered_pct),
     ];
     if !checkpoint && written.write_s > 0.0 {
-        rows.push(Row::new(
-            SUITE,
-            name,
-            "relaxed",
-            &case,
-            "write_records_per_s",
-            n as f64 / written.write_s,
-        ));
+        rows.push(Row::new(SUITE, name, "relaxed", &case, "write_records_per_s", n as f64 / written.write_s));
     }
     let mut replay_note = String::new();
     if let Some(report) = replay {
@@ -137,22 +99,8 @@ fn one(
         if report.frames_replayed > 0 && seconds > 0.0 {
             let records_per_s = report.frames_replayed as f64 / seconds;
             let mb_per_s = report.bytes_replayed as f64 / seconds / 1e6;
-            rows.push(Row::new(
-                SUITE,
-                name,
-                "relaxed",
-                &case,
-                "replay_records_per_s",
-                records_per_s,
-            ));
-            rows.push(Row::new(
-                SUITE,
-                name,
-                "relaxed",
-                &case,
-                "replay_mb_per_s",
-                mb_per_s,
-            ));
+            rows.push(Row::new(SUITE, name, "relaxed", &case, "replay_records_per_s", records_per_s));
+            rows.push(Row::new(SUITE, name, "relaxed", &case, "replay_mb_per_s", mb_per_s));
             replay_note = format!(
                 ", replayed {} records ({:.1} MB) at {records_per_s:.0} records/s, {mb_per_s:.0} MB/s",
                 report.frames_replayed,

@@ -32,18 +32,10 @@ fn plan(scale: Scale) -> Plan {
             sync_commits: 2_000,
             sync_budget_ms: 1_500,
         },
-        Scale::Quick => Plan {
-            sizes: &[10_000, 100_000, 1_000_000],
-            reads: 200_000,
-            sync_commits: 300,
-            sync_budget_ms: 300,
-        },
-        Scale::Tiny => Plan {
-            sizes: &[1_000, 10_000],
-            reads: 2_000,
-            sync_commits: 10,
-            sync_budget_ms: 20,
-        },
+        Scale::Quick => {
+            Plan { sizes: &[10_000, 100_000, 1_000_000], reads: 200_000, sync_commits: 300, sync_budget_ms: 300 }
+        }
+        Scale::Tiny => Plan { sizes: &[1_000, 10_000], reads: 2_000, sync_commits: 10, sync_budget_ms: 20 },
     }
 }
 
@@ -80,10 +72,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         let checkpoint_reopen = started.elapsed();
         let keys = db.stats().tables.iter().map(|t| t.keys).sum::<u64>();
         db.close()?;
-        anyhow::ensure!(
-            keys >= n,
-            "keeldb came back with {keys} keys after a checkpoint of {n}"
-        );
+        anyhow::ensure!(keys >= n, "keeldb came back with {keys} keys after a checkpoint of {n}");
 
         let case = format!("keys_{n}");
         let per_key = measured.rss_delta_bytes / n as f64;
@@ -93,30 +82,13 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
             ("read_ns", measured.read_ns),
             ("commit_us", measured.relaxed_us),
             ("reopen_wal_ms", wal_reopen.as_secs_f64() * 1e3),
-            (
-                "reopen_checkpoint_ms",
-                checkpoint_reopen.as_secs_f64() * 1e3,
-            ),
+            ("reopen_checkpoint_ms", checkpoint_reopen.as_secs_f64() * 1e3),
         ];
         for (metric, value) in relaxed {
             rows.push(Row::new(SUITE, "keeldb", "relaxed", &case, metric, value));
         }
-        rows.push(Row::new(
-            SUITE,
-            "keeldb",
-            "sync",
-            &case,
-            "commit_p50_us",
-            measured.sync_p50_us,
-        ));
-        rows.push(Row::new(
-            SUITE,
-            "keeldb",
-            "sync",
-            &case,
-            "commit_p99_us",
-            measured.sync_p99_us,
-        ));
+        rows.push(Row::new(SUITE, "keeldb", "sync", &case, "commit_p50_us", measured.sync_p50_us));
+        rows.push(Row::new(SUITE, "keeldb", "sync", &case, "commit_p99_us", measured.sync_p99_us));
         context.progress.line(
             SUITE,
             format!(

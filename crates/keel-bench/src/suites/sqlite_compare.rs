@@ -66,16 +66,8 @@ struct Config {
 
 fn configs(context: &SuiteContext) -> Vec<Config> {
     let mut configs = vec![
-        Config {
-            system: "keeldb",
-            config: "sync",
-            open: Box::new(|dir| KeelDb.open(dir, Mode::Sync)),
-        },
-        Config {
-            system: "keeldb",
-            config: "relaxed",
-            open: Box::new(|dir| KeelDb.open(dir, Mode::Relaxed)),
-        },
+        Config { system: "keeldb", config: "sync", open: Box::new(|dir| KeelDb.open(dir, Mode::Sync)) },
+        Config { system: "keeldb", config: "relaxed", open: Box::new(|dir| KeelDb.open(dir, Mode::Relaxed)) },
     ];
     #[cfg(feature = "sqlite")]
     if context.has_peer("sqlite") {
@@ -93,10 +85,7 @@ fn configs(context: &SuiteContext) -> Vec<Config> {
         configs.push(sqlite("wal-normal", Journal::Wal, Mode::Periodic));
     }
     if !context.has_peer("sqlite") {
-        context.progress.line(
-            SUITE,
-            "sqlite is not selected or not compiled in: keeldb rows only",
-        );
+        context.progress.line(SUITE, "sqlite is not selected or not compiled in: keeldb rows only");
     }
     configs
 }
@@ -109,22 +98,11 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         let dir = context.temp_dir(SUITE)?;
         let store = (config.open)(dir.path())?;
         let mut push = |case: &str, metric: &str, value: f64| {
-            rows.push(Row::new(
-                SUITE,
-                config.system,
-                config.config,
-                case,
-                metric,
-                value,
-            ));
+            rows.push(Row::new(SUITE, config.system, config.config, case, metric, value));
         };
         let keys: Vec<Vec<u8>> = (0..PRELOAD).map(key).collect();
         let values: Vec<Vec<u8>> = (0..PRELOAD).map(task_json).collect();
-        let puts: Vec<(&[u8], &[u8])> = keys
-            .iter()
-            .zip(&values)
-            .map(|(k, v)| (&k[..], &v[..]))
-            .collect();
+        let puts: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (&k[..], &v[..])).collect();
         store.write(None, &puts)?;
         let mut next = PRELOAD;
 
@@ -146,15 +124,13 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         let (mut one_txn, mut individual) = (Samples::default(), Samples::default());
         let mut run = plan.batches.start();
         while run.keep_going() {
-            let records: Vec<(Vec<u8>, Vec<u8>)> =
-                (next..next + 100).map(|i| (key(i), task_json(i))).collect();
+            let records: Vec<(Vec<u8>, Vec<u8>)> = (next..next + 100).map(|i| (key(i), task_json(i))).collect();
             next += 100;
             let puts: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
             let started = Instant::now();
             store.write(None, &puts)?;
             one_txn.push(started.elapsed());
-            let records: Vec<(Vec<u8>, Vec<u8>)> =
-                (next..next + 100).map(|i| (key(i), task_json(i))).collect();
+            let records: Vec<(Vec<u8>, Vec<u8>)> = (next..next + 100).map(|i| (key(i), task_json(i))).collect();
             next += 100;
             let started = Instant::now();
             for (k, v) in &records {
@@ -162,28 +138,12 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
             }
             individual.push(started.elapsed());
         }
-        push(
-            "insert_100_one_txn",
-            "total_us",
-            ns_to_us(one_txn.mean_ns()),
-        );
-        push(
-            "insert_100_individual",
-            "total_us",
-            ns_to_us(individual.mean_ns()),
-        );
+        push("insert_100_one_txn", "total_us", ns_to_us(one_txn.mean_ns()));
+        push("insert_100_individual", "total_us", ns_to_us(individual.mean_ns()));
 
         let burst = concurrent_reads(store.as_ref(), plan.bursts)?;
-        push(
-            "concurrent_reads_10x100",
-            "total_us",
-            ns_to_us(burst.mean_ns()),
-        );
-        push(
-            "concurrent_reads_10x100",
-            "per_read_us",
-            ns_to_us(burst.mean_ns() / 1_000.0),
-        );
+        push("concurrent_reads_10x100", "total_us", ns_to_us(burst.mean_ns()));
+        push("concurrent_reads_10x100", "per_read_us", ns_to_us(burst.mean_ns() / 1_000.0));
         context.progress.line(
             SUITE,
             format!(
@@ -244,9 +204,7 @@ fn concurrent_reads(store: &dyn Store, budget: Budget) -> anyhow::Result<Samples
             barrier.wait();
             let started = Instant::now();
             for handle in handles {
-                handle
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
+                handle.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
             }
             Ok(started.elapsed())
         })?;

@@ -34,12 +34,7 @@ fn value_for(t: u64, seq: u64) -> Vec<u8> {
 }
 
 fn child_options(durability: Durability) -> Options {
-    Options {
-        durability,
-        wal_segment_bytes: 64 * 1024,
-        checkpoint_wal_bytes: 256 * 1024,
-        ..Options::default()
-    }
+    Options { durability, wal_segment_bytes: 64 * 1024, checkpoint_wal_bytes: 256 * 1024, ..Options::default() }
 }
 
 fn read_counter(db: &Database, t: u64) -> Result<u64> {
@@ -59,7 +54,8 @@ fn child(dir: &Path, threads: u64, durability: Durability) -> Result<()> {
         handles.push(std::thread::spawn(move || -> Result<()> {
             for seq in start + 1.. {
                 let mut tx = db.begin_write().map_err(|e| e.to_string())?;
-                tx.put("data", format!("t{t}:{}", seq % KEYS_PER_THREAD).as_bytes(), &value_for(t, seq)).map_err(|e| e.to_string())?;
+                tx.put("data", format!("t{t}:{}", seq % KEYS_PER_THREAD).as_bytes(), &value_for(t, seq))
+                    .map_err(|e| e.to_string())?;
                 tx.put("meta", format!("seq:{t}").as_bytes(), seq.to_string().as_bytes()).map_err(|e| e.to_string())?;
                 let info = tx.commit().map_err(|e| format!("thread {t} commit {seq} failed: {e}"))?;
                 let mut out = std::io::stdout().lock();
@@ -127,8 +123,10 @@ fn run_child(cfg: &Config, kill_after: Duration) -> Result<Vec<String>> {
         .map_err(|e| format!("spawn failed: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let stderr = child.stderr.take().ok_or("no stderr")?;
-    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(|l| l.ok()).collect::<Vec<String>>());
-    let err_reader = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(|l| l.ok()).collect::<Vec<String>>());
+    let reader =
+        std::thread::spawn(move || BufReader::new(stdout).lines().map_while(|l| l.ok()).collect::<Vec<String>>());
+    let err_reader =
+        std::thread::spawn(move || BufReader::new(stderr).lines().map_while(|l| l.ok()).collect::<Vec<String>>());
     std::thread::sleep(kill_after);
     let _ = child.kill(); // SIGKILL
     let status = child.wait().map_err(|e| e.to_string())?;
@@ -165,7 +163,9 @@ fn check_round(cfg: &Config, known: &mut Known, acks: &[(u64, u64, u64)], totals
         let e = acked_max.entry(t).or_default();
         *e = (*e).max(seq);
         if ts > recovered_ts {
-            return Err(format!("acknowledged commit lost: thread {t} seq {seq} at ts {ts}, recovered through ts {recovered_ts}"));
+            return Err(format!(
+                "acknowledged commit lost: thread {t} seq {seq} at ts {ts}, recovered through ts {recovered_ts}"
+            ));
         }
     }
     let mut advanced = 0;
@@ -191,7 +191,10 @@ fn check_round(cfg: &Config, known: &mut Known, acks: &[(u64, u64, u64)], totals
         known.counters.insert(t, counter);
     }
     if recovered_ts.checked_sub(known.ts) != Some(advanced) {
-        return Err(format!("not a prefix: ts advanced from {} to {recovered_ts} but the counters by {advanced}", known.ts));
+        return Err(format!(
+            "not a prefix: ts advanced from {} to {recovered_ts} but the counters by {advanced}",
+            known.ts
+        ));
     }
     known.ts = recovered_ts;
     totals.acks_checked += acks.len() as u64;
@@ -221,10 +224,14 @@ fn run(cfg: &Config) -> Result<Totals> {
         if acks.is_empty() {
             totals.killed_before_first_ack += 1;
         }
-        check_round(cfg, &mut known, &acks, &mut totals).map_err(|e| format!("round {round} (killed after {kill_after:?}): {e}"))?;
+        check_round(cfg, &mut known, &acks, &mut totals)
+            .map_err(|e| format!("round {round} (killed after {kill_after:?}): {e}"))?;
         totals.rounds += 1;
         if totals.rounds % 100 == 0 {
-            println!("keel-torture: round {} passed, {} acknowledged commits checked so far", totals.rounds, totals.acks_checked);
+            println!(
+                "keel-torture: round {} passed, {} acknowledged commits checked so far",
+                totals.rounds, totals.acks_checked
+            );
         }
     }
     Ok(totals)
@@ -293,7 +300,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            println!("keel-torture: seed {} dir {} threads {} durability {}", cfg.seed, cfg.dir.display(), cfg.threads, cfg.durability);
+            println!(
+                "keel-torture: seed {} dir {} threads {} durability {}",
+                cfg.seed,
+                cfg.dir.display(),
+                cfg.threads,
+                cfg.durability
+            );
             let started = Instant::now();
             match run(&cfg) {
                 Ok(t) => {

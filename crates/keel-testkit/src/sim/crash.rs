@@ -133,7 +133,8 @@ fn resolve_file(inode: &mut Inode, loss: FileLoss, model: &super::FaultModel, re
         }
         FileLoss::KeepSubset => (0..n).map(|_| rng.chance(0.5)).collect(),
     };
-    let last_write = (0..n).rev().find(|&i| kept.get(i) == Some(&true) && matches!(candidates.get(i), Some(Change::Write { .. })));
+    let last_write =
+        (0..n).rev().find(|&i| kept.get(i) == Some(&true) && matches!(candidates.get(i), Some(Change::Write { .. })));
     let mut content = inode.durable.clone();
     let mut ranges: Vec<Range> = Vec::new();
     for (i, change) in candidates.iter().enumerate() {

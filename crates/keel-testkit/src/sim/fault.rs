@@ -38,7 +38,13 @@ impl FaultOp {
     pub fn is_mutating(self) -> bool {
         matches!(
             self,
-            FaultOp::Create | FaultOp::Write | FaultOp::SetLen | FaultOp::SyncData | FaultOp::SyncDir | FaultOp::Rename | FaultOp::Remove
+            FaultOp::Create
+                | FaultOp::Write
+                | FaultOp::SetLen
+                | FaultOp::SyncData
+                | FaultOp::SyncDir
+                | FaultOp::Rename
+                | FaultOp::Remove
         )
     }
 

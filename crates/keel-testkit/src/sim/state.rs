@@ -294,7 +294,10 @@ impl State {
             dir = match existing {
                 Some(Node::Dir(d)) => d,
                 Some(Node::File(_)) => {
-                    return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{}: a file is in the way", path.display())))
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{}: a file is in the way", path.display()),
+                    ))
                 }
                 None => {
                     let id = self.alloc_id();
