@@ -36,7 +36,7 @@ fn class_of(e: &Error) -> &'static str {
         Error::Locked(_) => "LockedError",
         Error::Poisoned(_) => "PoisonedError",
         Error::LimitExceeded { .. } => "LimitError",
-        Error::InvalidArgument(_) => "InvalidArgumentError",
+        Error::InvalidArgument(_) | Error::ReservedTable(_) => "InvalidArgumentError",
         Error::NotAStore { .. } => "NotAStoreError",
         Error::UnsupportedVersion { .. } => "UnsupportedVersionError",
         Error::Closed => "ClosedError",

@@ -182,6 +182,9 @@ pub(crate) struct Inner {
     pub schedule: Arc<SyncSchedule>,
     pub checkpoint_lock: Mutex<Vec<(u64, PathBuf)>>,
     pub checkpoint_running: AtomicBool,
+    /// The automatic checkpoint thread, if one was started; `close` joins it before it lets go
+    /// of the directory lock.
+    pub checkpoint_thread: Mutex<Option<JoinHandle<()>>>,
     pub recovery: RecoveryReport,
     pub worker: Mutex<Option<JoinHandle<()>>>,
     pub ids: Mutex<IdBlock>,
@@ -202,10 +205,16 @@ pub struct Database {
     inner: Arc<Inner>,
 }
 
-fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
+pub(crate) fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
     let ident = dir.join(IDENTITY_FILE);
-    if !fs.exists(&ident).map_err(|e| Error::io(&ident, e))? {
-        let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let not_a_dir = |e: std::io::Error, path: &Path| match e.kind() {
+        std::io::ErrorKind::NotADirectory => {
+            Error::NotAStore { path: dir.to_owned(), reason: "it is a file, not a directory".into() }
+        }
+        _ => Error::io(path, e),
+    };
+    if !fs.exists(&ident).map_err(|e| not_a_dir(e, &ident))? {
+        let names = fs.list_dir(dir).map_err(|e| not_a_dir(e, dir))?;
         // A crash during creation can leave the lock and an empty first segment behind.
         let ours = |n: &String| {
             n == LOCK_FILE
@@ -299,6 +308,11 @@ impl Database {
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Database> {
         let dir = path.as_ref().to_owned();
         let fs = Arc::clone(&options.fs);
+        // Checked before anything touches the file system: an empty path would otherwise
+        // resolve to the working directory and leave a LOCK file there.
+        if dir.as_os_str().is_empty() {
+            return Err(Error::InvalidArgument("the store path is empty".into()));
+        }
         options.durability.validate()?;
         if fs.exists(&dir).map_err(|e| Error::io(&dir, e))? {
             check_identity(fs.as_ref(), &dir)?;
@@ -334,6 +348,7 @@ impl Database {
             schedule: Arc::new(SyncSchedule::default()),
             checkpoint_lock: Mutex::new(rec.checkpoints),
             checkpoint_running: AtomicBool::new(false),
+            checkpoint_thread: Mutex::new(None),
             recovery: rec.report,
             worker: Mutex::new(None),
             ids: Mutex::new(IdBlock::default()),
@@ -440,7 +455,7 @@ impl Database {
                     };
                 let end =
                     current.checked_add(ID_BLOCK).ok_or_else(|| Error::InvalidArgument("ids exhausted".into()))?;
-                tx.put(IDS_TABLE, b"next", &end.to_le_bytes())?;
+                tx.put_internal(IDS_TABLE, b"next", &end.to_le_bytes())?;
                 Ok(current)
             })?;
             let mut ids = self.inner.ids.lock();
@@ -685,12 +700,20 @@ impl Inner {
             return Err(Error::Closed);
         }
         self.schedule.stop();
+        // Every thread of this handle stops touching the directory before the lock goes: first
+        // the worker (so it starts no new checkpoint), then the checkpoint thread it started,
+        // then any checkpoint a caller is running on another clone (it holds `checkpoint_lock`
+        // and sees `closed` when it takes it).
+        let current = std::thread::current().id();
         let worker = self.worker.lock().take();
-        if let Some(h) = worker {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        if let Some(h) = worker.filter(|h| h.thread().id() != current) {
+            let _ = h.join();
         }
+        let checkpointer = self.checkpoint_thread.lock().take();
+        if let Some(h) = checkpointer.filter(|h| h.thread().id() != current) {
+            let _ = h.join();
+        }
+        let _no_checkpoint = self.checkpoint_lock.lock();
         // A poisoned database cannot make its unsynced commits durable: say so.
         let result = if self.is_poisoned.load(Ordering::Acquire) {
             Err(Error::Poisoned(self.poisoned.lock().clone().unwrap_or_default()))
@@ -698,7 +721,7 @@ impl Inner {
             self.write_close_mark()
         };
         self.save_accounting();
-        // Release the directory now, even if transactions or clones still hold this handle.
+        // Release the directory last, even if transactions or clones still hold this handle.
         self.dir_lock.lock().take();
         result
     }
@@ -709,8 +732,12 @@ impl Inner {
         let _ = acct.save(self.fs.as_ref(), &self.path);
     }
 
-    /// Waits for the commit pipeline to drain, then writes a mark frame carrying the digest and
-    /// syncs: after a clean close every acknowledged commit is durable whatever its mode.
+    /// Waits for the commit pipeline to drain, makes every frame durable, then writes a mark
+    /// frame carrying the digest and syncs it: after a clean close every acknowledged commit is
+    /// durable whatever its mode. The mark claims every byte before it durable, which is true
+    /// because the first fdatasync returned before the mark was encoded; so damage to any
+    /// commit of a cleanly closed store is reported as corruption, never cut off as a torn tail
+    /// (a `relaxed` store's frames are otherwise claimed by nothing).
     fn write_close_mark(&self) -> Result<()> {
         let mut cs = self.commit.lock();
         while !self.pipeline.is_idle(cs.next_batch) {
@@ -720,20 +747,20 @@ impl Inner {
         }
         let digest = *self.digest.lock();
         let payload = wal::mark_payload(digest.0);
-        let mut frame = Vec::new();
         let lsn = cs.next_lsn;
         let last_ts = cs.last_ts;
-        wal::encode_frame(
-            &mut frame,
-            lsn,
-            self.durable_lsn.load(Ordering::Acquire),
-            last_ts,
-            &payload,
-            crc32c::crc32c(&payload),
-        );
-        cs.next_lsn += frame.len() as u64;
         let mut wal = self.wal.lock();
-        let res = wal.append(&frame, lsn, last_ts).and_then(|()| wal.sync());
+        let res = wal.sync().and_then(|()| {
+            self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
+            self.durable_lsn.fetch_max(lsn, Ordering::AcqRel);
+            let mut frame = Vec::with_capacity(wal::frame_bytes(payload.len()));
+            wal::encode_frame(&mut frame, lsn, lsn, last_ts, &payload, crc32c::crc32c(&payload));
+            wal.append(&frame, lsn, last_ts)?;
+            cs.next_lsn += frame.len() as u64;
+            wal.sync()?;
+            let marker = crate::close_marker::CloseMarker { end_lsn: cs.next_lsn, last_ts, digest: digest.0 };
+            crate::close_marker::write(self.fs.as_ref(), &self.path, &marker)
+        });
         if let Err(e) = &res {
             self.poison(e.to_string());
         }
@@ -807,8 +834,11 @@ fn worker_loop(weak: Weak<Inner>, schedule: Arc<SyncSchedule>) {
                     db.checkpoint_running.store(false, Ordering::Release);
                 }
             });
-            if spawned.is_err() {
-                db.checkpoint_running.store(false, Ordering::Release);
+            match spawned {
+                // Kept so that `close` can wait for it: the directory lock must outlive every
+                // thread that touches the directory.
+                Ok(handle) => *db.checkpoint_thread.lock() = Some(handle),
+                Err(_) => db.checkpoint_running.store(false, Ordering::Release),
             }
         }
         if last_gc.elapsed() >= Duration::from_millis(50) {

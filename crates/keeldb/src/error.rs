@@ -108,6 +108,11 @@ pub enum Error {
     /// The transaction was already committed or rolled back.
     #[error("transaction is no longer active")]
     TransactionDone,
+    /// The table belongs to the engine (its name starts with
+    /// [`RESERVED_TABLE_PREFIX`](crate::RESERVED_TABLE_PREFIX)): the public API may read it but
+    /// never create, write or drop it. Nothing was written.
+    #[error("table {0:?} is reserved for the engine; it cannot be created, written or dropped")]
+    ReservedTable(String),
 }
 
 impl Error {

@@ -292,15 +292,15 @@ impl Graph {
     pub fn add_node(&self, tx: &mut WriteTxn, label: &str, props: &[u8]) -> GraphResult<NodeId> {
         check_name("label", label)?;
         let id = tx.database().next_id()?;
-        tx.put(&self.t.node, &id.to_be_bytes(), &encode_node(label, props))?;
-        tx.put(&self.t.label, &named_key(label, id), &[])?;
+        tx.put_internal(&self.t.node, &id.to_be_bytes(), &encode_node(label, props))?;
+        tx.put_internal(&self.t.label, &named_key(label, id), &[])?;
         Ok(id)
     }
 
     /// Replaces a node's properties.
     pub fn set_node_props(&self, tx: &mut WriteTxn, id: NodeId, props: &[u8]) -> GraphResult<()> {
         let node = self.node(tx, id)?.ok_or(GraphError::NodeNotFound(id))?;
-        tx.put(&self.t.node, &id.to_be_bytes(), &encode_node(&node.label, props))?;
+        tx.put_internal(&self.t.node, &id.to_be_bytes(), &encode_node(&node.label, props))?;
         Ok(())
     }
 
@@ -311,9 +311,9 @@ impl Graph {
         if node.label == label {
             return Ok(());
         }
-        tx.delete(&self.t.label, &named_key(&node.label, id))?;
-        tx.put(&self.t.label, &named_key(label, id), &[])?;
-        tx.put(&self.t.node, &id.to_be_bytes(), &encode_node(label, &node.props))?;
+        tx.delete_internal(&self.t.label, &named_key(&node.label, id))?;
+        tx.put_internal(&self.t.label, &named_key(label, id), &[])?;
+        tx.put_internal(&self.t.node, &id.to_be_bytes(), &encode_node(label, &node.props))?;
         Ok(())
     }
 
@@ -331,9 +331,9 @@ impl Graph {
             self.remove_edge_keys(tx, adj.edge, src, dst, &adj.edge_type)?;
             removed += 1;
         }
-        tx.delete(&self.t.label, &named_key(&node.label, id))?;
-        tx.delete(&self.t.node, &id.to_be_bytes())?;
-        tx.delete(&self.t.guard, &id.to_be_bytes())?;
+        tx.delete_internal(&self.t.label, &named_key(&node.label, id))?;
+        tx.delete_internal(&self.t.node, &id.to_be_bytes())?;
+        tx.delete_internal(&self.t.guard, &id.to_be_bytes())?;
         Ok(removed)
     }
 
@@ -354,20 +354,20 @@ impl Graph {
             }
         }
         let id = tx.database().next_id()?;
-        tx.put(&self.t.edge, &id.to_be_bytes(), &encode_edge(src, dst, edge_type, props))?;
-        tx.put(&self.t.out, &adjacency_key(src, edge_type, id), &dst.to_be_bytes())?;
-        tx.put(&self.t.inn, &adjacency_key(dst, edge_type, id), &src.to_be_bytes())?;
-        tx.put(&self.t.etype, &named_key(edge_type, id), &endpoints(src, dst))?;
+        tx.put_internal(&self.t.edge, &id.to_be_bytes(), &encode_edge(src, dst, edge_type, props))?;
+        tx.put_internal(&self.t.out, &adjacency_key(src, edge_type, id), &dst.to_be_bytes())?;
+        tx.put_internal(&self.t.inn, &adjacency_key(dst, edge_type, id), &src.to_be_bytes())?;
+        tx.put_internal(&self.t.etype, &named_key(edge_type, id), &endpoints(src, dst))?;
         // Conflict with a concurrent delete of either endpoint (see the module comment).
-        tx.delete(&self.t.guard, &src.to_be_bytes())?;
-        tx.delete(&self.t.guard, &dst.to_be_bytes())?;
+        tx.delete_internal(&self.t.guard, &src.to_be_bytes())?;
+        tx.delete_internal(&self.t.guard, &dst.to_be_bytes())?;
         Ok(id)
     }
 
     /// Replaces an edge's properties.
     pub fn set_edge_props(&self, tx: &mut WriteTxn, id: EdgeId, props: &[u8]) -> GraphResult<()> {
         let e = self.edge(tx, id)?.ok_or(GraphError::EdgeNotFound(id))?;
-        tx.put(&self.t.edge, &id.to_be_bytes(), &encode_edge(e.src, e.dst, &e.edge_type, props))?;
+        tx.put_internal(&self.t.edge, &id.to_be_bytes(), &encode_edge(e.src, e.dst, &e.edge_type, props))?;
         Ok(())
     }
 
@@ -385,10 +385,10 @@ impl Graph {
         dst: NodeId,
         edge_type: &str,
     ) -> GraphResult<()> {
-        tx.delete(&self.t.edge, &id.to_be_bytes())?;
-        tx.delete(&self.t.out, &adjacency_key(src, edge_type, id))?;
-        tx.delete(&self.t.inn, &adjacency_key(dst, edge_type, id))?;
-        tx.delete(&self.t.etype, &named_key(edge_type, id))?;
+        tx.delete_internal(&self.t.edge, &id.to_be_bytes())?;
+        tx.delete_internal(&self.t.out, &adjacency_key(src, edge_type, id))?;
+        tx.delete_internal(&self.t.inn, &adjacency_key(dst, edge_type, id))?;
+        tx.delete_internal(&self.t.etype, &named_key(edge_type, id))?;
         Ok(())
     }
 

@@ -24,6 +24,7 @@
 
 mod accounting;
 mod checkpoint;
+mod close_marker;
 mod codec;
 mod cpu;
 mod db;

@@ -266,7 +266,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     let mut last_ts = ckpt_ts;
     let mut expected_ts: Option<u64> = None; // next commit ts the log must carry
     let mut end_lsn = 0u64;
-    let mut max_claim = 0u64;
+    // A clean close claims every WAL byte before its marker's LSN durable.
+    let marker = crate::close_marker::read(fs, dir)?;
+    let mut max_claim = marker.map_or(0, |m| m.end_lsn);
     let mut tear = None;
     let mut mark_digest = None;
     let count = segment_names.len();
@@ -282,7 +284,12 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             Err(reason) => {
                 // A crash while creating the newest segment can tear its header; no frame is
                 // written to a segment before its header is durable, so it must hold none.
-                let no_frames = i > 0 && scan_segment(&bytes, end_lsn).frames.is_empty();
+                // Any whole frame anywhere in it (not only in its valid prefix) proves the
+                // header was durable once: then the damage is corruption, not a torn creation.
+                let no_frames = i > 0 && {
+                    let scan = scan_segment(&bytes, end_lsn);
+                    scan.frames.is_empty() && scan.later_valid_frames == 0
+                };
                 if is_last && (bytes.len() as u64 <= wal::SEGMENT_HEADER_BYTES || no_frames) {
                     report.torn_tail = Some((path.clone(), 0));
                     report.bytes_truncated = bytes.len() as u64;
@@ -385,6 +392,29 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             end_lsn: seg_end_lsn,
             last_ts: seg_last_ts,
         });
+    }
+    if let Some(m) = marker {
+        if end_lsn < m.end_lsn || last_ts.max(ckpt_ts) < m.last_ts {
+            return Err(Error::corruption(
+                dir.join(crate::close_marker::CLOSE_MARKER),
+                0,
+                format!(
+                    "the WAL ends at LSN {end_lsn} (ts {}) but a clean close made it durable up to LSN {} (ts {})",
+                    last_ts.max(ckpt_ts),
+                    m.end_lsn,
+                    m.last_ts
+                ),
+            ));
+        }
+    }
+    if let Some(m) = marker.filter(|m| m.last_ts == last_ts.max(ckpt_ts)) {
+        if m.digest != state.digest.0 {
+            return Err(Error::corruption(
+                dir.join(crate::close_marker::CLOSE_MARKER),
+                0,
+                format!("state digest after replay {} differs from the one recorded at close", state.digest),
+            ));
+        }
     }
     if segments.is_empty() && ckpt_ts > 0 {
         // Every segment is gone; the checkpoint alone is a consistent state only if nothing

@@ -164,6 +164,15 @@ pub(crate) fn check_table_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A table name the public write API accepts: valid, and not the engine's own.
+fn check_public_table(name: &str) -> Result<()> {
+    check_table_name(name)?;
+    if name.starts_with(crate::db::RESERVED_TABLE_PREFIX) {
+        return Err(Error::ReservedTable(name.to_owned()));
+    }
+    Ok(())
+}
+
 fn check_key(key: &[u8]) -> Result<()> {
     if key.len() > MAX_KEY_BYTES {
         return Err(Error::LimitExceeded { what: "key", actual: key.len(), limit: MAX_KEY_BYTES });
@@ -395,8 +404,16 @@ impl WriteTxn {
         Ok(())
     }
 
-    /// Sets `key` to `value` in `table` (created on first write).
+    /// Sets `key` to `value` in `table` (created on first write). Tables under
+    /// [`RESERVED_TABLE_PREFIX`](crate::RESERVED_TABLE_PREFIX) are refused with
+    /// [`Error::ReservedTable`].
     pub fn put(&mut self, table: &str, key: &[u8], value: &[u8]) -> Result<()> {
+        check_public_table(table)?;
+        self.put_internal(table, key, value)
+    }
+
+    /// `put` without the reserved-table check: for the engine's own tables (ids, graphs).
+    pub(crate) fn put_internal(&mut self, table: &str, key: &[u8], value: &[u8]) -> Result<()> {
         check_table_name(table)?;
         check_key(key)?;
         self.meter()?;
@@ -408,8 +425,14 @@ impl WriteTxn {
         Ok(())
     }
 
-    /// Deletes `key` from `table` (no error if absent).
+    /// Deletes `key` from `table` (no error if absent). Refuses reserved tables.
     pub fn delete(&mut self, table: &str, key: &[u8]) -> Result<()> {
+        check_public_table(table)?;
+        self.delete_internal(table, key)
+    }
+
+    /// `delete` without the reserved-table check: for the engine's own tables.
+    pub(crate) fn delete_internal(&mut self, table: &str, key: &[u8]) -> Result<()> {
         check_table_name(table)?;
         check_key(key)?;
         self.meter()?;
@@ -420,8 +443,9 @@ impl WriteTxn {
 
     /// Drops `table` with all its keys. Returns whether it existed in this transaction's view.
     /// Later writes in this transaction create it anew.
+    /// Reserved tables are refused.
     pub fn drop_table(&mut self, table: &str) -> Result<bool> {
-        check_table_name(table)?;
+        check_public_table(table)?;
         self.meter()?;
         let existed_before = self.snap.tables().iter().any(|t| t == table);
         let entry = self.table_entry(table)?;

@@ -79,6 +79,13 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
         _ => Error::io(dir, e),
     })?;
     let mut report = VerifyReport::default();
+    // The identity file is checked the way open checks it: a damaged one makes open fail, so
+    // verify must not call the store intact.
+    match crate::db::check_identity(fs, dir) {
+        Ok(_) => {}
+        Err(Error::Corruption { location, reason }) => report.problems.push(format!("{location}: {reason}")),
+        Err(e) => return Err(e),
+    }
     let mut names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
     names.sort();
     for name in &names {
@@ -94,12 +101,24 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
     match analyze(fs, dir) {
         Ok(a) => {
             if let Some((p, off)) = &a.report.torn_tail {
-                report.notes.push(format!(
-                    "torn tail in {} at offset {off} ({} bytes, {} unsynced frames): open will truncate it",
-                    p.display(),
-                    a.report.bytes_truncated,
-                    a.report.discarded_frames
-                ));
+                if a.report.discarded_frames > 0 {
+                    // Whole, checksummed commits after bad bytes: open would drop commits that
+                    // were written. That is either damage or a power loss that kept later
+                    // unsynced writes and lost earlier ones; verify cannot tell which, and
+                    // must not call a store intact when open would lose a commit.
+                    report.problems.push(format!(
+                        "{} at offset {off}: bad bytes followed by {} checksummed frames that open would discard \
+                         (damage, or a power loss in relaxed/periodic mode that kept later unsynced writes)",
+                        p.display(),
+                        a.report.discarded_frames
+                    ));
+                } else {
+                    report.notes.push(format!(
+                        "torn tail in {} at offset {off} ({} bytes, no whole frame after it): open will truncate it",
+                        p.display(),
+                        a.report.bytes_truncated
+                    ));
+                }
             }
             if let Some(mark) = a.mark_digest {
                 if a.tear.is_none() && mark != a.state.digest.0 {

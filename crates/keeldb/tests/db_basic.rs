@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod common;
 use common::*;
-use keeldb::{Database, Error, ScanRange, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
+use keeldb::{Database, Durability, Error, ScanRange, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 
 #[test]
 fn put_get_delete_and_reopen() {
@@ -327,13 +327,57 @@ fn ids_are_unique_across_threads_reopens_and_never_conflict() {
 }
 
 #[test]
-fn reserved_tables_stay_hidden_in_a_transactions_own_view() {
+fn reserved_tables_refuse_public_writes_drops_and_creation() {
     let t = TestDir::new();
     let db = open(&t.path());
-    let mut tx = db.begin_write().unwrap();
-    tx.put("__keeldb/internal", b"k", b"v").unwrap();
-    tx.put("users", b"k", b"v").unwrap();
-    assert_eq!(tx.tables(), ["users"]);
-    tx.commit().unwrap();
+    let first_id = db.next_id().unwrap();
+    put(&db, "users", b"k", b"v");
+    let (digest, last) = (db.digest(), db.stats().last_commit_ts);
+    for table in ["__keeldb/ids", "__keeldb/graph/g/node", "__keeldb/new"] {
+        let mut tx = db.begin_write().unwrap();
+        assert!(matches!(tx.put(table, b"next", &1u64.to_le_bytes()), Err(Error::ReservedTable(ref n)) if n == table));
+        assert!(matches!(tx.delete(table, b"next"), Err(Error::ReservedTable(_))));
+        assert!(matches!(tx.drop_table(table), Err(Error::ReservedTable(_))));
+        assert!(!tx.is_dirty(), "{table}: a refused write must leave nothing in the write set");
+        tx.commit().unwrap();
+    }
+    assert_eq!((db.digest(), db.stats().last_commit_ts), (digest, last), "refused writes changed the store");
+    // The engine keeps its own access: ids still come from the reserved table, never repeating
+    // across a reopen.
+    let second_id = db.next_id().unwrap();
+    db.close().unwrap();
+    let db = open(&t.path());
+    let third_id = db.next_id().unwrap();
+    assert!(first_id < second_id && second_id < third_id, "{first_id} {second_id} {third_id}");
     assert_eq!(db.begin_read().unwrap().tables(), ["users"]);
+}
+
+#[test]
+fn reserved_tables_can_still_be_read() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    db.next_id().unwrap();
+    let rx = db.begin_read().unwrap();
+    assert!(rx.get("__keeldb/ids", b"next").unwrap().is_some());
+}
+
+#[test]
+fn an_empty_path_is_an_invalid_argument_and_creates_nothing() {
+    let lock_in_cwd = std::path::Path::new("LOCK");
+    let existed = lock_in_cwd.exists();
+    assert!(matches!(Database::open("", opts(Durability::Sync)), Err(Error::InvalidArgument(_))));
+    if !existed {
+        assert!(!lock_in_cwd.exists(), "a failed open left a LOCK file in the working directory");
+    }
+}
+
+#[test]
+fn a_path_that_is_a_file_is_not_a_store_and_is_left_alone() {
+    let t = TestDir::new();
+    let file = t.dir.path().join("plain-file");
+    std::fs::write(&file, b"hello").unwrap();
+    assert!(matches!(Database::open(&file, opts(Durability::Sync)), Err(Error::NotAStore { .. })));
+    assert_eq!(std::fs::read(&file).unwrap(), b"hello");
+    let names: Vec<_> = std::fs::read_dir(t.dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["plain-file"], "a failed open created files");
 }
