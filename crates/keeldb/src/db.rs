@@ -125,6 +125,13 @@ pub struct Stats {
     pub accounting: Vec<TagStats>,
     /// Whether CPU times are measured with a thread CPU clock (otherwise wall time stands in).
     pub thread_cpu_clock: bool,
+    /// The history floor, when history is kept.
+    pub history_floor: Option<u64>,
+    /// Changes held by the change feed, and the bytes they hold (keys, values, overhead; the
+    /// versions the index keeps for reads at past timestamps are not included).
+    pub history_changes: u64,
+    /// See `history_changes`.
+    pub history_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +196,8 @@ pub(crate) struct Inner {
     pub worker: Mutex<Option<JoinHandle<()>>>,
     pub ids: Mutex<IdBlock>,
     pub accounting: Mutex<Accounting>,
+    /// The change feed and waiters for new commits.
+    pub history: crate::history::History,
     pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
 }
 
@@ -353,9 +362,15 @@ impl Database {
             worker: Mutex::new(None),
             ids: Mutex::new(IdBlock::default()),
             accounting: Mutex::new(Accounting::load(fs_for_acct.as_ref(), &dir_for_acct).unwrap_or_default()),
+            history: crate::history::History::default(),
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
+        if inner.options.keep_history {
+            let floor = inner.start_history();
+            // Cannot fail: nothing is registered yet and the floor is the visible timestamp.
+            let _ = inner.registry.set_floor(floor, &inner.visible_ts);
+        }
         if inner.options.background_threads {
             let weak = Arc::downgrade(&inner);
             let schedule = Arc::clone(&inner.schedule);
@@ -466,6 +481,74 @@ impl Database {
         }
     }
 
+    /// Starts a read-only transaction at a past commit timestamp `ts`: it sees exactly the
+    /// commits at or before `ts`. Fails with [`Error::Compacted`] below the history that is
+    /// still kept (the history floor, or the oldest live snapshot when no history is kept) and
+    /// [`Error::FutureTimestamp`] above the newest visible commit.
+    pub fn begin_read_at(&self, ts: u64) -> Result<ReadTxn> {
+        let opts = TxnOptions::default();
+        let (budget, timeout) = self.limits(&opts);
+        Ok(ReadTxn::new(Snapshot::take_at(&self.inner, ts)?, opts.tag, budget, timeout))
+    }
+
+    /// Keeps every version visible at `ts` or later, and every change after `ts` in the change
+    /// feed, until this is called again with a later `ts` (which compacts history up to it).
+    /// Starting history this way keeps versions from `ts` but the change feed only from now.
+    /// Returns the floor in force. [`Error::Compacted`] when `ts` is below history already
+    /// freed (the floor only moves forward), [`Error::FutureTimestamp`] above the newest commit.
+    pub fn retain_history_since(&self, ts: u64) -> Result<u64> {
+        self.inner.check_open()?;
+        let floor = self.inner.registry.set_floor(ts, &self.inner.visible_ts).map_err(|e| at_error(ts, e))?;
+        if self.inner.history.is_recording() {
+            self.inner.history.trim_through(floor);
+        } else {
+            self.inner.start_history();
+        }
+        Ok(floor)
+    }
+
+    /// Stops keeping history: versions no live snapshot reads are freed, the feed is dropped.
+    pub fn discard_history(&self) {
+        self.inner.registry.clear_floor();
+        self.inner.history.stop();
+    }
+
+    /// The history floor (see [`Database::retain_history_since`]), if history is kept.
+    pub fn history_floor(&self) -> Option<u64> {
+        self.inner.registry.floor()
+    }
+
+    /// Up to `max` changes (whole commits where possible) of the commits after timestamp
+    /// `after`, in commit order, from memory. Empty when nothing newer is visible yet (see
+    /// [`Database::wait_for_commit_after`]). Needs history ([`Options::keep_history`] or
+    /// [`Database::retain_history_since`]); [`Error::Compacted`] when `after` is older than the
+    /// feed, [`Error::FutureTimestamp`] when it is newer than the newest visible commit.
+    pub fn changes_since(&self, after: u64, max: usize) -> Result<Vec<crate::history::Change>> {
+        self.inner.check_open()?;
+        let latest = self.inner.visible_ts.load(Ordering::Acquire);
+        if after > latest {
+            return Err(Error::FutureTimestamp { requested: after, latest });
+        }
+        if !self.inner.history.is_recording() {
+            return Err(Error::InvalidArgument(
+                "no history is kept: set Options::keep_history or call retain_history_since".into(),
+            ));
+        }
+        self.inner.history.since(after, max).map_err(|start| Error::Compacted { requested: after, available: start })
+    }
+
+    /// A future that completes with the newest visible commit timestamp once it is greater
+    /// than `after` (or with [`Error::Closed`]). It needs no particular async runtime.
+    pub fn wait_for_commit_after(&self, after: u64) -> crate::history::CommitWait {
+        crate::history::CommitWait { db: Arc::clone(&self.inner), after }
+    }
+
+    /// Blocks until a commit newer than `after` is visible or `timeout` passes; returns the
+    /// newest visible commit timestamp either way.
+    pub fn wait_for_commit_after_timeout(&self, after: u64, timeout: Duration) -> u64 {
+        self.inner.history.wait_blocking(&self.inner.visible_ts, after, timeout)
+    }
+
     /// Writes a checkpoint of the newest visible state now, then deletes WAL no longer needed.
     pub fn checkpoint(&self) -> Result<CheckpointInfo> {
         self.inner.check_open()?;
@@ -492,6 +575,13 @@ impl Database {
     /// with [`Error::Closed`].
     pub fn close(self) -> Result<()> {
         self.inner.shutdown()
+    }
+}
+
+pub(crate) fn at_error(requested: u64, e: crate::registry::AtError) -> Error {
+    match e {
+        crate::registry::AtError::Compacted { horizon } => Error::Compacted { requested, available: horizon },
+        crate::registry::AtError::Future { latest } => Error::FutureTimestamp { requested, latest },
     }
 }
 
@@ -663,6 +753,7 @@ impl Inner {
             (wal.total_bytes(), wal.sealed().len() as u64 + 1)
         };
         let retained = self.checkpoint_lock.lock().clone();
+        let history = self.history.footprint();
         let checkpoint_bytes =
             retained.iter().map(|(_, p)| self.fs.open(p, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0)).sum();
         Stats {
@@ -679,6 +770,9 @@ impl Inner {
             recovery: self.recovery.clone(),
             accounting: self.accounting.lock().snapshot(),
             thread_cpu_clock: crate::cpu::thread_cpu_supported(),
+            history_floor: self.registry.floor(),
+            history_changes: history.1 as u64,
+            history_bytes: history.2 as u64,
         }
     }
 
@@ -714,6 +808,8 @@ impl Inner {
             let _ = h.join();
         }
         let _no_checkpoint = self.checkpoint_lock.lock();
+        // Waiters for new commits learn that none will come.
+        self.history.notify();
         // A poisoned database cannot make its unsynced commits durable: say so.
         let result = if self.is_poisoned.load(Ordering::Acquire) {
             Err(Error::Poisoned(self.poisoned.lock().clone().unwrap_or_default()))

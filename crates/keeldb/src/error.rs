@@ -113,6 +113,22 @@ pub enum Error {
     /// never create, write or drop it. Nothing was written.
     #[error("table {0:?} is reserved for the engine; it cannot be created, written or dropped")]
     ReservedTable(String),
+    /// A read or change-feed request at a timestamp whose history is no longer kept.
+    #[error("history at timestamp {requested} is compacted; the oldest available is {available}")]
+    Compacted {
+        /// The timestamp asked for.
+        requested: u64,
+        /// The oldest timestamp that can be asked for now.
+        available: u64,
+    },
+    /// A read or change-feed request at a timestamp no commit has reached yet.
+    #[error("timestamp {requested} is in the future; the newest visible commit is {latest}")]
+    FutureTimestamp {
+        /// The timestamp asked for.
+        requested: u64,
+        /// The newest visible commit timestamp.
+        latest: u64,
+    },
 }
 
 impl Error {

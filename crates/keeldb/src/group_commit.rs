@@ -329,7 +329,7 @@ impl CommitState {
 
     /// Forgets conflict records no live or future transaction can conflict with.
     pub fn trim(&mut self, registry: &Registry, visible: &AtomicU64) {
-        let horizon = registry.horizon(visible);
+        let horizon = registry.live_horizon(visible);
         let mut len = 0;
         self.recent.retain(|_, m| {
             m.retain(|_, ts| *ts > horizon);
@@ -618,7 +618,47 @@ impl Inner {
                 }
             }
         }
+        if self.history.is_recording() {
+            self.record_history(batch);
+        }
         self.visible_ts.store(last.ts, Ordering::Release);
         drop(digest);
+        self.history.notify();
+    }
+
+    /// Appends a published batch's changes to the change feed, in timestamp order.
+    fn record_history(&self, batch: &[Pending]) {
+        use crate::history::{Change, ChangeKind};
+        for p in batch {
+            let changes = p.tables.iter().flat_map(|ta| {
+                let dropped = ta.drop_id.map(|_| Change {
+                    ts: p.ts,
+                    table: Arc::clone(&ta.name),
+                    key: Vec::new(),
+                    kind: ChangeKind::DropTable,
+                });
+                // As the WAL: nothing for a table that does not exist, no deletes in a table the
+                // commit creates.
+                let live = ta.id != 0;
+                let writes =
+                    ta.writes.iter().filter(move |(_, v)| live && !(ta.create && v.is_none())).map(|(k, v)| Change {
+                        ts: p.ts,
+                        table: Arc::clone(&ta.name),
+                        key: k.clone(),
+                        kind: v.as_ref().map_or(ChangeKind::Delete, |v| ChangeKind::Put(v.clone())),
+                    });
+                dropped.into_iter().chain(writes)
+            });
+            self.history.record(changes);
+        }
+    }
+
+    /// Starts the change feed at the current visible timestamp. Holds the publish lock, so no
+    /// batch is between its apply and its visibility: the feed has every commit after its start.
+    pub(crate) fn start_history(&self) -> u64 {
+        let _publishing = self.pipeline.publish.lock();
+        let start = self.visible_ts.load(Ordering::Acquire);
+        self.history.start(start);
+        start
     }
 }

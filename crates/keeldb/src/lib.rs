@@ -35,6 +35,7 @@ pub mod fs;
 pub mod fuzz_api;
 pub mod graph;
 mod group_commit;
+mod history;
 mod index;
 mod options;
 mod recovery;
@@ -48,6 +49,7 @@ pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnO
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
 pub use graph::{Graph, GraphError};
+pub use history::{Change, ChangeKind, CommitWait};
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};

@@ -108,6 +108,12 @@ pub struct Options {
     /// Whether to start background threads (periodic fsync, checkpoints, version GC).
     /// Turning this off is for deterministic tests; periodic durability then syncs inline.
     pub background_threads: bool,
+    /// Keep history from open on: every version stays readable with
+    /// [`Database::begin_read_at`](crate::Database::begin_read_at) and every change is in
+    /// [`Database::changes_since`](crate::Database::changes_since) until
+    /// [`Database::retain_history_since`](crate::Database::retain_history_since) compacts it.
+    /// History lives in memory and starts at the state recovered by open.
+    pub keep_history: bool,
 }
 
 impl Default for Options {
@@ -124,6 +130,7 @@ impl Default for Options {
             txn_timeout: None,
             cpu_accounting: true,
             background_threads: true,
+            keep_history: false,
         }
     }
 }

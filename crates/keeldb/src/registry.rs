@@ -12,8 +12,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 #[derive(Debug, Default)]
+struct Held {
+    /// Snapshot timestamp to the number of live snapshots at it.
+    snapshots: BTreeMap<u64, u32>,
+    /// The history floor: every version visible at this timestamp or later is kept, whether
+    /// or not a snapshot holds it (`None`: no history is kept beyond live snapshots).
+    floor: Option<u64>,
+}
+
+/// Why a snapshot at a past timestamp cannot be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtError {
+    /// Versions below `horizon` may already be freed.
+    Compacted { horizon: u64 },
+    /// The timestamp is not visible yet.
+    Future { latest: u64 },
+}
+
+#[derive(Debug, Default)]
 pub(crate) struct Registry {
-    held: Mutex<BTreeMap<u64, u32>>,
+    held: Mutex<Held>,
 }
 
 impl Registry {
@@ -21,32 +39,87 @@ impl Registry {
     pub fn acquire(&self, visible: &AtomicU64) -> u64 {
         let mut held = self.held.lock();
         let ts = visible.load(Ordering::Acquire);
-        *held.entry(ts).or_insert(0) += 1;
+        *held.snapshots.entry(ts).or_insert(0) += 1;
         ts
     }
 
-    /// Releases a snapshot taken by [`Registry::acquire`].
+    /// Registers a snapshot at a past (or the current) timestamp. It is refused below the
+    /// horizon: the horizon never decreases (every registration is at or above it, and the
+    /// floor only rises), so every version a reader at or above it needs is still there.
+    pub fn acquire_at(&self, ts: u64, visible: &AtomicU64) -> std::result::Result<u64, AtError> {
+        let mut held = self.held.lock();
+        let now = visible.load(Ordering::Acquire);
+        if ts > now {
+            return Err(AtError::Future { latest: now });
+        }
+        let horizon = Self::horizon_locked(&held, now);
+        if ts < horizon {
+            return Err(AtError::Compacted { horizon });
+        }
+        *held.snapshots.entry(ts).or_insert(0) += 1;
+        Ok(ts)
+    }
+
+    /// Releases a snapshot taken by [`Registry::acquire`] or [`Registry::acquire_at`].
     pub fn release(&self, ts: u64) {
         let mut held = self.held.lock();
-        if let Some(count) = held.get_mut(&ts) {
+        if let Some(count) = held.snapshots.get_mut(&ts) {
             *count -= 1;
             if *count == 0 {
-                held.remove(&ts);
+                held.snapshots.remove(&ts);
             }
         }
     }
 
-    /// The oldest timestamp any live or future snapshot can read at.
-    pub fn horizon(&self, visible: &AtomicU64) -> u64 {
-        let held = self.held.lock();
-        let now = visible.load(Ordering::Acquire);
-        held.keys().next().map_or(now, |&oldest| oldest.min(now))
+    fn horizon_locked(held: &Held, now: u64) -> u64 {
+        let oldest = held.snapshots.keys().next().map_or(now, |&oldest| oldest.min(now));
+        held.floor.map_or(oldest, |f| f.min(oldest))
     }
 
-    /// Number of live snapshots.
+    /// The oldest timestamp any live or future snapshot can read at (the history floor
+    /// included): versions below what is visible here may be freed.
+    pub fn horizon(&self, visible: &AtomicU64) -> u64 {
+        let held = self.held.lock();
+        Self::horizon_locked(&held, visible.load(Ordering::Acquire))
+    }
+
+    /// The oldest timestamp a live snapshot reads at, ignoring the history floor: conflict
+    /// records at or below it can be forgotten (only live transactions can conflict).
+    pub fn live_horizon(&self, visible: &AtomicU64) -> u64 {
+        let held = self.held.lock();
+        let now = visible.load(Ordering::Acquire);
+        held.snapshots.keys().next().map_or(now, |&oldest| oldest.min(now))
+    }
+
+    /// Moves the history floor to `ts` (keeping history from there on). Returns the floor in
+    /// force. Refused below the current horizon (that history is gone) or above `visible`.
+    pub fn set_floor(&self, ts: u64, visible: &AtomicU64) -> std::result::Result<u64, AtError> {
+        let mut held = self.held.lock();
+        let now = visible.load(Ordering::Acquire);
+        if ts > now {
+            return Err(AtError::Future { latest: now });
+        }
+        let horizon = Self::horizon_locked(&held, now);
+        if ts < horizon {
+            return Err(AtError::Compacted { horizon });
+        }
+        held.floor = Some(ts);
+        Ok(ts)
+    }
+
+    /// Stops keeping history beyond live snapshots.
+    pub fn clear_floor(&self) {
+        self.held.lock().floor = None;
+    }
+
+    /// The history floor, if history is kept.
+    pub fn floor(&self) -> Option<u64> {
+        self.held.lock().floor
+    }
+
     #[cfg(test)]
     pub fn live(&self) -> usize {
-        self.held.lock().values().map(|&c| c as usize).sum()
+        self.held.lock().snapshots.values().map(|&c| c as usize).sum()
     }
 }
 

@@ -194,6 +194,13 @@ impl Snapshot {
         Ok(Snapshot { db: Arc::clone(db), ts })
     }
 
+    /// A snapshot at a past (or the current) commit timestamp, refused below the horizon.
+    pub fn take_at(db: &Arc<Inner>, ts: u64) -> Result<Snapshot> {
+        db.check_open()?;
+        let ts = db.registry.acquire_at(ts, &db.visible_ts).map_err(|e| crate::db::at_error(ts, e))?;
+        Ok(Snapshot { db: Arc::clone(db), ts })
+    }
+
     fn get(&self, table: &str, key: &[u8]) -> Option<Vec<u8>> {
         let catalog = self.db.catalog.read();
         let t = catalog.table_at(table, self.ts)?;

@@ -1,0 +1,211 @@
+//! History: the change feed and the waiters for new commits.
+//!
+//! Reads at a past timestamp need no storage of their own: the index keeps every version
+//! visible at the registry's history floor or later (see `registry.rs`). This module keeps the
+//! *change feed*: every `(table, key, value or deletion)` of every commit after the feed's start,
+//! in commit order, in memory. It is appended by publication (in timestamp order, under the
+//! publish lock) and trimmed when the floor rises. It also wakes tasks and threads waiting for a
+//! commit after a given timestamp.
+//!
+//! It never reads the WAL and never does I/O.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::{Condvar, Mutex};
+
+/// What a change did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// The key was set to this value.
+    Put(Vec<u8>),
+    /// The key was deleted.
+    Delete,
+    /// The whole table was dropped (the key is empty). Writes to the same table in the same
+    /// commit follow as their own changes.
+    DropTable,
+}
+
+/// One change in the feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Commit timestamp of the commit that made it.
+    pub ts: u64,
+    /// Table name.
+    pub table: Arc<str>,
+    /// The key (empty for [`ChangeKind::DropTable`]).
+    pub key: Vec<u8>,
+    /// What happened.
+    pub kind: ChangeKind,
+}
+
+impl Change {
+    /// Bytes this change holds in memory (its key, value and a fixed overhead).
+    pub fn memory_bytes(&self) -> usize {
+        let value = match &self.kind {
+            ChangeKind::Put(v) => v.capacity(),
+            _ => 0,
+        };
+        std::mem::size_of::<Change>() + self.key.capacity() + value
+    }
+}
+
+#[derive(Debug, Default)]
+struct Feed {
+    /// Changes of every commit with timestamp > `start`, oldest first.
+    changes: VecDeque<Change>,
+    /// The feed holds every commit after this timestamp.
+    start: u64,
+    bytes: usize,
+}
+
+/// The change feed and commit waiters of one database.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    /// Whether publication records changes (history is on).
+    recording: AtomicBool,
+    feed: Mutex<Feed>,
+    wakers: Mutex<Vec<Waker>>,
+    has_waiters: AtomicBool,
+    blocking: Condvar,
+    blocking_lock: Mutex<()>,
+}
+
+impl History {
+    /// Starts recording: the feed holds every commit after `start` from now on.
+    pub fn start(&self, start: u64) {
+        let mut feed = self.feed.lock();
+        if !self.recording.load(Ordering::Acquire) {
+            feed.changes.clear();
+            feed.bytes = 0;
+            feed.start = start;
+            self.recording.store(true, Ordering::Release);
+        }
+    }
+
+    /// Stops recording and frees the feed.
+    pub fn stop(&self) {
+        let mut feed = self.feed.lock();
+        self.recording.store(false, Ordering::Release);
+        feed.changes = VecDeque::new();
+        feed.bytes = 0;
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.recording.load(Ordering::Acquire)
+    }
+
+    /// Appends one commit's changes; called in timestamp order by publication.
+    pub fn record(&self, changes: impl Iterator<Item = Change>) {
+        let mut feed = self.feed.lock();
+        for c in changes {
+            feed.bytes += c.memory_bytes();
+            feed.changes.push_back(c);
+        }
+    }
+
+    /// Forgets changes at or below `ts` (the floor rose to `ts`).
+    pub fn trim_through(&self, ts: u64) {
+        let mut feed = self.feed.lock();
+        if ts <= feed.start {
+            return;
+        }
+        while feed.changes.front().is_some_and(|c| c.ts <= ts) {
+            if let Some(c) = feed.changes.pop_front() {
+                feed.bytes = feed.bytes.saturating_sub(c.memory_bytes());
+            }
+        }
+        feed.start = ts;
+    }
+
+    /// Up to `max` changes of commits after `after` (whole commits only, unless one commit alone
+    /// has more than `max`), or the feed's start when `after` is older than it.
+    pub fn since(&self, after: u64, max: usize) -> std::result::Result<Vec<Change>, u64> {
+        let feed = self.feed.lock();
+        if !self.is_recording() || after < feed.start {
+            return Err(feed.start);
+        }
+        let first = feed.changes.partition_point(|c| c.ts <= after);
+        let mut out: Vec<Change> = feed.changes.range(first..).take(max.max(1)).cloned().collect();
+        // Do not end in the middle of a commit when a whole one fits.
+        if out.len() == max.max(1) {
+            if let Some(last_ts) = feed.changes.get(first + out.len()).map(|c| c.ts) {
+                if out.last().is_some_and(|c| c.ts == last_ts) && out.first().is_some_and(|c| c.ts != last_ts) {
+                    out.retain(|c| c.ts != last_ts);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The feed's start and the bytes it holds.
+    pub fn footprint(&self) -> (u64, usize, usize) {
+        let feed = self.feed.lock();
+        (feed.start, feed.changes.len(), feed.bytes)
+    }
+
+    /// Wakes every waiter; called after the visible timestamp advanced.
+    pub fn notify(&self) {
+        if self.has_waiters.swap(false, Ordering::AcqRel) {
+            for w in std::mem::take(&mut *self.wakers.lock()) {
+                w.wake();
+            }
+            let _guard = self.blocking_lock.lock();
+            self.blocking.notify_all();
+        }
+    }
+
+    fn register(&self, waker: &Waker) {
+        let mut wakers = self.wakers.lock();
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+        self.has_waiters.store(true, Ordering::Release);
+    }
+
+    /// Blocks until `visible` passes `after` or `timeout` elapses; returns the visible timestamp.
+    pub fn wait_blocking(&self, visible: &AtomicU64, after: u64, timeout: std::time::Duration) -> u64 {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut guard = self.blocking_lock.lock();
+        loop {
+            self.has_waiters.store(true, Ordering::Release);
+            let now = visible.load(Ordering::Acquire);
+            if now > after || std::time::Instant::now() >= deadline {
+                return now;
+            }
+            self.blocking.wait_until(&mut guard, deadline);
+        }
+    }
+}
+
+/// A future that completes with the newest visible commit timestamp once it is greater than
+/// the timestamp it was created with. Runtime-agnostic: it stores the task's waker, and
+/// publication wakes it.
+#[derive(Debug)]
+pub struct CommitWait {
+    pub(crate) db: Arc<crate::db::Inner>,
+    pub(crate) after: u64,
+}
+
+impl std::future::Future for CommitWait {
+    type Output = crate::Result<u64>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let now = self.db.visible_ts.load(Ordering::Acquire);
+        if now > self.after {
+            return Poll::Ready(Ok(now));
+        }
+        if let Err(e) = self.db.check_open() {
+            return Poll::Ready(Err(e));
+        }
+        self.db.history.register(cx.waker());
+        // Checked again after registering, so a commit published in between is not missed.
+        let now = self.db.visible_ts.load(Ordering::Acquire);
+        if now > self.after {
+            return Poll::Ready(Ok(now));
+        }
+        Poll::Pending
+    }
+}
