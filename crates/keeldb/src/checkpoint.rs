@@ -28,19 +28,7 @@ const BLOCK_MAX_BYTES: usize = BLOCK_TARGET_BYTES + MAX_KEY_BYTES + MAX_VALUE_BY
 const REC_TABLE: u8 = 1;
 const REC_ENTRY: u8 = 2;
 
-/// File name of the checkpoint at `ts`.
-pub(crate) fn checkpoint_name(ts: u64) -> String {
-    format!("checkpoint-{ts:020}.kc")
-}
-
-/// Parses a checkpoint file name back to its timestamp.
-pub(crate) fn parse_checkpoint_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("checkpoint-")?.strip_suffix(".kc")?;
-    if digits.len() != 20 {
-        return None;
-    }
-    digits.parse().ok()
-}
+pub(crate) use crate::files::{checkpoint_name, parse_checkpoint_name};
 
 /// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`] makes it durable
 /// and renames it into place.
@@ -61,7 +49,7 @@ pub(crate) struct CheckpointWriter {
 
 impl CheckpointWriter {
     pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, ts: u64, next_table_id: u32) -> Result<Self> {
-        let tmp = dir.join(format!("{}.tmp", checkpoint_name(ts)));
+        let tmp = dir.join(crate::files::tmp_name(&checkpoint_name(ts)));
         if fs.exists(&tmp).map_err(|e| Error::io(&tmp, e))? {
             fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
@@ -225,7 +213,7 @@ pub(crate) fn read_checkpoint(
     let mut pos = HEADER_BYTES;
     let (mut blocks, mut tables, mut entries) = (0u64, 0u64, 0u64);
     let mut digest = StateDigest::default();
-    let mut names: crate::index::FastMap<u32, String> = crate::index::FastMap::default();
+    let mut names: crate::types::FastMap<u32, String> = crate::types::FastMap::default();
     while pos < footer_at {
         let (Some(len), Some(crc)) = (le_u32(bytes, pos), le_u32(bytes, pos + 4)) else {
             return fail(pos, "truncated block header");
@@ -328,12 +316,5 @@ mod tests {
         for cut in [1, 10, 64, 1000, bytes.len() / 2, bytes.len() - 1] {
             assert!(read_checkpoint(&bytes[..cut], &mut Collect::default()).is_err(), "cut at {cut} accepted");
         }
-    }
-
-    #[test]
-    fn names_round_trip() {
-        assert_eq!(parse_checkpoint_name(&checkpoint_name(12345)), Some(12345));
-        assert_eq!(parse_checkpoint_name("checkpoint-1.kc"), None);
-        assert_eq!(parse_checkpoint_name("checkpoint-00000000000000000001.kc.tmp"), None);
     }
 }

@@ -3,36 +3,31 @@
 //! and close.
 //!
 //! `Inner` is the shared state every transaction and the background worker reach through an
-//! `Arc`. The commit path itself lives in `group_commit.rs`.
+//! `Arc`. The write path itself (sequencer, gather queue, WAL writer, publication, poison) is
+//! the [`Committer`] in `commit/`, which never calls back into this module.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::accounting::Accounting;
 use crate::checkpoint::CheckpointWriter;
+use crate::commit::{Committer, Published, Start, SyncSchedule};
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
+use crate::files::{IDENTITY_FILE, IDENTITY_MAGIC, LOCK_FILE};
 use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
-use crate::group_commit::{CommitState, Pipeline};
-use crate::index::{Catalog, KeyRange};
+use crate::index::KeyRange;
 use crate::options::{Durability, Isolation, Options};
 use crate::recovery::{self, RecoveryReport};
-use crate::registry::Registry;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
-use crate::wal::{self, WalWriter};
+use crate::wal::WalWriter;
 
-/// Name of the identity file that marks a directory as a KeelDB store.
-pub(crate) const IDENTITY_FILE: &str = "KEELDB";
-const IDENTITY_MAGIC: &[u8; 8] = b"KEELDB\0\0";
-const LOCK_FILE: &str = "LOCK";
-/// Tables whose names start with this prefix are the engine's own; `tables()` hides them.
-pub const RESERVED_TABLE_PREFIX: &str = "__keeldb/";
 const IDS_TABLE: &str = "__keeldb/ids";
 const ID_BLOCK: u64 = 4096;
 
@@ -127,71 +122,25 @@ pub struct Stats {
     pub thread_cpu_clock: bool,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub commits: AtomicU64,
-    pub batches: AtomicU64,
-    pub wal_syncs: AtomicU64,
-    pub wal_bytes_since_checkpoint: AtomicU64,
-}
-
-/// State for periodic durability: the earliest moment the WAL must be synced by.
-#[derive(Debug, Default)]
-pub(crate) struct SyncSchedule {
-    pub deadline: Mutex<Option<Instant>>,
-    pub wake: Condvar,
-    pub stop: AtomicBool,
-}
-
-impl SyncSchedule {
-    /// Asks for a WAL sync no later than `by`.
-    pub fn request(&self, by: Instant) {
-        let mut d = self.deadline.lock();
-        if d.is_none_or(|cur| by < cur) {
-            *d = Some(by);
-            self.wake.notify_one();
-        }
-    }
-    fn stop(&self) {
-        let _d = self.deadline.lock();
-        self.stop.store(true, Ordering::Release);
-        self.wake.notify_all();
-    }
-}
-
 /// Shared state of one open database.
 pub(crate) struct Inner {
     pub path: PathBuf,
     pub fs: Arc<dyn FileSystem>,
     pub options: Options,
-    /// Newest commit timestamp whose durability condition holds (and every earlier one's).
-    pub visible_ts: AtomicU64,
-    pub registry: Registry,
-    pub catalog: RwLock<Catalog>,
-    pub commit: Mutex<CommitState>,
-    pub pipeline: Pipeline,
-    pub wal: Mutex<WalWriter>,
-    /// Every WAL byte before this LSN is known to be on stable storage.
-    pub durable_lsn: AtomicU64,
-    /// The digest as of `visible_ts`; the leader holds the lock while applying a batch.
-    pub digest: Mutex<StateDigest>,
-    pub poisoned: Mutex<Option<String>>,
-    pub is_poisoned: AtomicBool,
-    pub closed: AtomicBool,
-    pub counters: Counters,
-    pub schedule: Arc<SyncSchedule>,
-    pub checkpoint_lock: Mutex<Vec<(u64, PathBuf)>>,
-    pub checkpoint_running: AtomicBool,
-    pub recovery: RecoveryReport,
-    pub worker: Mutex<Option<JoinHandle<()>>>,
-    pub ids: Mutex<IdBlock>,
+    /// The write path; also owns what readers see ([`Published`]).
+    pub committer: Committer,
+    checkpoint_lock: Mutex<Vec<(u64, PathBuf)>>,
+    checkpoint_running: AtomicBool,
+    recovery: RecoveryReport,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    ids: Mutex<IdBlock>,
     pub accounting: Mutex<Accounting>,
-    pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
+    dir_lock: Mutex<Option<Box<dyn DirLock>>>,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Database").field("path", &self.path).field("visible_ts", &self.visible_ts).finish()
+        f.debug_struct("Database").field("path", &self.path).field("visible_ts", &self.published().visible_ts).finish()
     }
 }
 
@@ -207,13 +156,7 @@ fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
     if !fs.exists(&ident).map_err(|e| Error::io(&ident, e))? {
         let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
         // A crash during creation can leave the lock and an empty first segment behind.
-        let ours = |n: &String| {
-            n == LOCK_FILE
-                || n == crate::recovery::POISON_MARKER
-                || wal::parse_segment_name(n).is_some()
-                || n.ends_with(".tmp")
-        };
-        if names.iter().all(ours) {
+        if names.iter().all(|n| crate::files::is_creation_leftover(n)) {
             return Ok(false);
         }
         return Err(Error::NotAStore {
@@ -270,7 +213,7 @@ fn create_dir_durably(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
 /// directory). A crash before the rename leaves a directory that opens as new again.
 fn create_store(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()> {
     for name in fs.list_dir(dir).map_err(|e| Error::io(dir, e))? {
-        if wal::parse_segment_name(&name).is_some() || name.ends_with(".tmp") {
+        if crate::files::parse_segment_name(&name).is_some() || name.ends_with(crate::files::TMP_SUFFIX) {
             let p = dir.join(name);
             fs.remove_file(&p).map_err(|e| Error::io(&p, e))?;
         }
@@ -280,7 +223,7 @@ fn create_store(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()> {
     bytes.extend_from_slice(&crate::FORMAT_VERSION.to_le_bytes());
     let crc = crc32c::crc32c(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join(format!("{IDENTITY_FILE}.tmp"));
+    let tmp = dir.join(crate::files::tmp_name(IDENTITY_FILE));
     let f = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
     write_all_at(f.as_ref(), &bytes, 0).map_err(|e| Error::io(&tmp, e))?;
     f.sync_data().map_err(|e| Error::io(&tmp, e))?;
@@ -314,24 +257,19 @@ impl Database {
         }
         let rec = recovery::recover(&fs, &dir, options.wal_segment_bytes.max(4096))?;
         let (fs_for_acct, dir_for_acct) = (Arc::clone(&fs), dir.clone());
-        let end_lsn = rec.wal.end_lsn();
-        let commit = CommitState::new(rec.last_ts, end_lsn, &rec.state);
+        let start = Start {
+            last_ts: rec.last_ts,
+            wal: rec.wal,
+            catalog: rec.state.catalog,
+            digest: rec.state.digest,
+            live_tables: rec.state.live,
+            next_table_id: rec.state.next_table_id,
+        };
+        let committer = Committer::new(dir.clone(), Arc::clone(&fs), &options, start);
         let inner = Arc::new(Inner {
             path: dir,
             fs,
-            visible_ts: AtomicU64::new(rec.last_ts),
-            registry: Registry::default(),
-            catalog: RwLock::new(rec.state.catalog),
-            commit: Mutex::new(commit),
-            pipeline: Pipeline::default(),
-            wal: Mutex::new(rec.wal),
-            durable_lsn: AtomicU64::new(end_lsn),
-            digest: Mutex::new(rec.state.digest),
-            poisoned: Mutex::new(None),
-            is_poisoned: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            counters: Counters::default(),
-            schedule: Arc::new(SyncSchedule::default()),
+            committer,
             checkpoint_lock: Mutex::new(rec.checkpoints),
             checkpoint_running: AtomicBool::new(false),
             recovery: rec.report,
@@ -343,7 +281,7 @@ impl Database {
         });
         if inner.options.background_threads {
             let weak = Arc::downgrade(&inner);
-            let schedule = Arc::clone(&inner.schedule);
+            let schedule = Arc::clone(&inner.committer.schedule);
             let handle = std::thread::Builder::new()
                 .name("keeldb-worker".into())
                 .spawn(move || worker_loop(weak, schedule))
@@ -469,7 +407,7 @@ impl Database {
 
     /// The state digest at the newest visible commit.
     pub fn digest(&self) -> StateDigest {
-        *self.inner.digest.lock()
+        *self.inner.published().digest.lock()
     }
 
     /// Flushes the WAL (writing a clean-close mark), stops background work and releases the
@@ -494,59 +432,13 @@ pub fn conflict_backoff(attempt: u32) {
 }
 
 impl Inner {
+    /// The state readers see.
+    pub(crate) fn published(&self) -> &Published {
+        &self.committer.published
+    }
+
     pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        self.check_open()?;
-        if self.is_poisoned.load(Ordering::Acquire) {
-            let why = self.poisoned.lock().clone().unwrap_or_default();
-            return Err(Error::Poisoned(why));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn poison(&self, why: String) {
-        let mut p = self.poisoned.lock();
-        if p.is_none() {
-            // Best effort: tells the next open that the page cache may not match the disk.
-            // It records the durable LSN: every WAL byte below it was synced by an fdatasync
-            // that succeeded, so recovery never needs to rewrite (and risk) those bytes.
-            let marker = self.path.join(crate::recovery::POISON_MARKER);
-            if let Ok(f) = self.fs.open(&marker, OpenMode::CreateNew) {
-                let durable = self.durable_lsn.load(Ordering::Acquire);
-                let _ = write_all_at(f.as_ref(), format!("durable_lsn {durable}\n{why}\n").as_bytes(), 0);
-            }
-            *p = Some(why);
-        }
-        self.is_poisoned.store(true, Ordering::Release);
-    }
-
-    /// fdatasyncs the WAL up to what has been written, outside the WAL lock.
-    pub(crate) fn sync_wal(&self) -> Result<()> {
-        let (file, end, path) = {
-            let wal = self.wal.lock();
-            (wal.file(), wal.end_lsn(), wal.current().path.clone())
-        };
-        if self.durable_lsn.load(Ordering::Acquire) >= end {
-            return Ok(());
-        }
-        match file.sync_data() {
-            Ok(()) => {
-                self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
-                self.durable_lsn.fetch_max(end, Ordering::AcqRel);
-                Ok(())
-            }
-            Err(e) => {
-                let err = Error::io(path, e);
-                self.poison(err.to_string());
-                Err(err)
-            }
-        }
+        self.committer.check_open()
     }
 
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo> {
@@ -554,22 +446,12 @@ impl Inner {
         // A poisoned WAL may end in a fragment or a hole the kernel dropped after a failed
         // fsync; sealing it (or deleting WAL on the strength of a new checkpoint) would turn a
         // torn tail into corruption of a sealed segment.
-        self.check_writable()?;
+        self.committer.check_writable()?;
         // Seal the current segment so that the WAL up to here can be deleted later.
-        {
-            let mut wal = self.wal.lock();
-            if wal.end_lsn() > wal.current().start_lsn {
-                if let Err(e) = wal.roll() {
-                    self.poison(e.to_string());
-                    return Err(e);
-                }
-            }
-        }
-        let (snap, expected) = {
-            let digest = self.digest.lock();
-            (self.registry.acquire(&self.visible_ts), *digest)
-        };
-        let release = scopeguard(|| self.registry.release(snap));
+        self.committer.seal_segment()?;
+        let view = self.published();
+        let (snap, expected) = view.acquire_with_digest();
+        let release = scopeguard(|| view.release(snap));
         if retained.last().is_some_and(|(ts, _)| *ts == snap) {
             drop(release);
             let (ts, path) = retained.last().cloned().unwrap_or_default();
@@ -577,7 +459,7 @@ impl Inner {
             return Ok(CheckpointInfo { ts, path, bytes, entries: 0, segments_removed: 0 });
         }
         let tables = {
-            let catalog = self.catalog.read();
+            let catalog = view.catalog.read();
             let mut ts: Vec<_> = catalog.all().into_iter().filter(|t| t.visible_at(snap)).collect();
             ts.sort_by_key(|t| t.id);
             ts
@@ -612,7 +494,7 @@ impl Inner {
         }
         let (path, bytes) = writer.finish()?;
         drop(release);
-        self.counters.wal_bytes_since_checkpoint.store(0, Ordering::Relaxed);
+        self.committer.counters.wal_bytes_since_checkpoint.store(0, Ordering::Relaxed);
         retained.push((snap, path.clone()));
         // Keep this checkpoint and the previous one; the WAL the previous one needs stays too,
         // so a corrupt newest checkpoint can fall back to the older one plus the log.
@@ -623,7 +505,7 @@ impl Inner {
         }
         if let Some((oldest_ts, _)) = retained.first() {
             if retained.len() == 2 {
-                segments_removed = self.wal.lock().remove_sealed_through(*oldest_ts)?;
+                segments_removed = self.committer.remove_sealed_through(*oldest_ts)?;
             }
         }
         self.fs.sync_dir(&self.path).map_err(|e| Error::io(&self.path, e))?;
@@ -632,8 +514,9 @@ impl Inner {
     }
 
     fn stats(&self) -> Stats {
-        let snap = self.visible_ts.load(Ordering::Acquire);
-        let tables = self
+        let view = self.published();
+        let snap = view.visible_ts();
+        let tables = view
             .catalog
             .read()
             .live()
@@ -643,10 +526,8 @@ impl Inner {
                 TableStats { name: t.name.to_string(), keys: d.live_keys(), bytes: d.live_bytes() }
             })
             .collect();
-        let (wal_bytes, wal_segments) = {
-            let wal = self.wal.lock();
-            (wal.total_bytes(), wal.sealed().len() as u64 + 1)
-        };
+        let (wal_bytes, wal_segments) = self.committer.wal_size();
+        let counters = &self.committer.counters;
         let retained = self.checkpoint_lock.lock().clone();
         let checkpoint_bytes =
             retained.iter().map(|(_, p)| self.fs.open(p, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0)).sum();
@@ -657,10 +538,10 @@ impl Inner {
             checkpoint_bytes,
             checkpoint_ts: retained.last().map(|(ts, _)| *ts),
             last_commit_ts: snap,
-            commits: self.counters.commits.load(Ordering::Relaxed),
-            batches: self.counters.batches.load(Ordering::Relaxed),
-            wal_syncs: self.counters.wal_syncs.load(Ordering::Relaxed),
-            digest: *self.digest.lock(),
+            commits: counters.commits.load(Ordering::Relaxed),
+            batches: counters.batches.load(Ordering::Relaxed),
+            wal_syncs: counters.wal_syncs.load(Ordering::Relaxed),
+            digest: *view.digest.lock(),
             recovery: self.recovery.clone(),
             accounting: self.accounting.lock().snapshot(),
             thread_cpu_clock: crate::cpu::thread_cpu_supported(),
@@ -670,21 +551,22 @@ impl Inner {
     /// Collects versions and dropped tables no snapshot can see any more, a bounded chunk per
     /// table per call so the write lock is held only briefly.
     pub(crate) fn collect_garbage(&self) {
-        let horizon = self.registry.horizon(&self.visible_ts);
-        let tables = self.catalog.read().all();
+        let view = self.published();
+        let horizon = view.horizon();
+        let tables = view.catalog.read().all();
         for t in tables {
             if t.data.read().pending_gc() > 0 {
                 t.data.write().collect(horizon, 4096);
             }
         }
-        self.catalog.write().collect(horizon);
+        view.catalog.write().collect(horizon);
     }
 
     fn shutdown(&self) -> Result<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.committer.close() {
             return Err(Error::Closed);
         }
-        self.schedule.stop();
+        self.committer.schedule.stop();
         let worker = self.worker.lock().take();
         if let Some(h) = worker {
             if h.thread().id() != std::thread::current().id() {
@@ -692,10 +574,9 @@ impl Inner {
             }
         }
         // A poisoned database cannot make its unsynced commits durable: say so.
-        let result = if self.is_poisoned.load(Ordering::Acquire) {
-            Err(Error::Poisoned(self.poisoned.lock().clone().unwrap_or_default()))
-        } else {
-            self.write_close_mark()
+        let result = match self.committer.poison_reason() {
+            Some(why) => Err(Error::Poisoned(why.to_string())),
+            None => self.committer.write_close_mark(),
         };
         self.save_accounting();
         // Release the directory now, even if transactions or clones still hold this handle.
@@ -708,45 +589,14 @@ impl Inner {
         let acct = self.accounting.lock();
         let _ = acct.save(self.fs.as_ref(), &self.path);
     }
-
-    /// Waits for the commit pipeline to drain, then writes a mark frame carrying the digest and
-    /// syncs: after a clean close every acknowledged commit is durable whatever its mode.
-    fn write_close_mark(&self) -> Result<()> {
-        let mut cs = self.commit.lock();
-        while !self.pipeline.is_idle(cs.next_batch) {
-            drop(cs);
-            std::thread::sleep(Duration::from_micros(200));
-            cs = self.commit.lock();
-        }
-        let digest = *self.digest.lock();
-        let payload = wal::mark_payload(digest.0);
-        let mut frame = Vec::new();
-        let lsn = cs.next_lsn;
-        let last_ts = cs.last_ts;
-        wal::encode_frame(
-            &mut frame,
-            lsn,
-            self.durable_lsn.load(Ordering::Acquire),
-            last_ts,
-            &payload,
-            crc32c::crc32c(&payload),
-        );
-        cs.next_lsn += frame.len() as u64;
-        let mut wal = self.wal.lock();
-        let res = wal.append(&frame, lsn, last_ts).and_then(|()| wal.sync());
-        if let Err(e) = &res {
-            self.poison(e.to_string());
-        }
-        res
-    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Closing without `close()`: still make relaxed and periodic commits durable.
-        self.schedule.stop();
-        if !self.closed.swap(true, Ordering::AcqRel) && !self.is_poisoned.load(Ordering::Acquire) {
-            let _ = self.write_close_mark();
+        self.committer.schedule.stop();
+        if !self.committer.close() && !self.committer.is_poisoned() {
+            let _ = self.committer.write_close_mark();
             self.save_accounting();
         }
     }
@@ -788,20 +638,20 @@ fn worker_loop(weak: Weak<Inner>, schedule: Arc<SyncSchedule>) {
         }
         let Some(db) = weak.upgrade() else { return };
         if due {
-            let _ = db.sync_wal();
+            let _ = db.committer.sync_wal();
         }
         let threshold = db.options.checkpoint_wal_bytes;
-        let wal_bytes = db.counters.wal_bytes_since_checkpoint.load(Ordering::Relaxed);
+        let wal_bytes = db.committer.counters.wal_bytes_since_checkpoint.load(Ordering::Relaxed);
         if threshold > 0
             && wal_bytes >= threshold
-            && !db.is_poisoned.load(Ordering::Acquire)
+            && !db.committer.is_poisoned()
             && !db.checkpoint_running.swap(true, Ordering::AcqRel)
         {
             // On its own thread, so a long checkpoint never delays a periodic fdatasync.
             let weak_ckpt = Weak::clone(&weak);
             let spawned = std::thread::Builder::new().name("keeldb-checkpoint".into()).spawn(move || {
                 if let Some(db) = weak_ckpt.upgrade() {
-                    if !db.closed.load(Ordering::Acquire) {
+                    if !db.committer.is_closed() {
                         let _ = db.checkpoint();
                     }
                     db.checkpoint_running.store(false, Ordering::Release);
@@ -813,7 +663,7 @@ fn worker_loop(weak: Weak<Inner>, schedule: Arc<SyncSchedule>) {
         }
         if last_gc.elapsed() >= Duration::from_millis(50) {
             db.collect_garbage();
-            db.commit.lock().trim(&db.registry, &db.visible_ts);
+            db.committer.trim_conflicts();
             last_gc = Instant::now();
         }
     }

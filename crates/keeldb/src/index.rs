@@ -133,8 +133,7 @@ impl Version {
     }
 }
 
-/// The hash map used throughout the engine (foldhash: fast, randomly seeded per map).
-pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) use crate::types::FastMap;
 
 /// A key and the head of its version chain. Free slots have an empty key and no value.
 #[derive(Debug)]
@@ -460,7 +459,7 @@ impl Catalog {
         let mut names: Vec<String> = self
             .by_id
             .values()
-            .filter(|t| t.visible_at(snapshot) && !t.name.starts_with(crate::db::RESERVED_TABLE_PREFIX))
+            .filter(|t| t.visible_at(snapshot) && !crate::types::is_reserved(&t.name))
             .map(|t| t.name.to_string())
             .collect();
         names.sort();

@@ -10,6 +10,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::accounting::Ending;
+use crate::commit::{CommitRequest, ReadItem, TableWrites};
 use crate::cpu::MeterCell;
 use crate::db::Inner;
 use crate::error::{Error, Result};
@@ -181,19 +182,19 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     pub fn take(db: &Arc<Inner>) -> Result<Snapshot> {
         db.check_open()?;
-        let ts = db.registry.acquire(&db.visible_ts);
+        let ts = db.published().acquire();
         Ok(Snapshot { db: Arc::clone(db), ts })
     }
 
     fn get(&self, table: &str, key: &[u8]) -> Option<Vec<u8>> {
-        let catalog = self.db.catalog.read();
+        let catalog = self.db.published().catalog.read();
         let t = catalog.table_at(table, self.ts)?;
         let data = t.data.read();
         data.get(key, self.ts)
     }
 
     fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
-        let catalog = self.db.catalog.read();
+        let catalog = self.db.published().catalog.read();
         match catalog.table_at(table, self.ts) {
             Some(t) => t.data.read().scan_chunk(range, reverse, self.ts, SCAN_CHUNK),
             None => (Vec::new(), false),
@@ -201,13 +202,13 @@ impl Snapshot {
     }
 
     fn tables(&self) -> Vec<String> {
-        self.db.catalog.read().names_at(self.ts)
+        self.db.published().catalog.read().names_at(self.ts)
     }
 }
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        self.db.registry.release(self.ts);
+        self.db.published().release(self.ts);
     }
 }
 
@@ -270,32 +271,6 @@ impl ReadTxn {
     pub fn tables(&self) -> Vec<String> {
         self.snap.tables()
     }
-}
-
-/// One table's part of a write set.
-#[derive(Debug, Default)]
-pub(crate) struct TableWrites {
-    /// The transaction dropped the table as it was in its snapshot; `writes` go to a new one.
-    pub dropped: bool,
-    /// Key to new value (`None` deletes).
-    pub writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-}
-
-/// Something a serializable transaction read, validated at commit.
-#[derive(Debug)]
-pub(crate) enum ReadItem {
-    Key(Vec<u8>),
-    Range(KeyRange),
-}
-
-/// What a write transaction hands to group commit.
-#[derive(Debug)]
-pub(crate) struct CommitRequest {
-    pub start_ts: u64,
-    pub durability: Durability,
-    pub isolation: Isolation,
-    pub tables: BTreeMap<Arc<str>, TableWrites>,
-    pub reads: Vec<(Arc<str>, ReadItem)>,
 }
 
 /// A read-write transaction. Dropping it without [`WriteTxn::commit`] rolls it back.
@@ -480,7 +455,7 @@ impl WriteTxn {
     /// Tables visible to this transaction, including ones it created and excluding dropped ones.
     pub fn tables(&self) -> Vec<String> {
         let mut names: Vec<String> = self.snap.tables();
-        for (name, tw) in self.tables.iter().filter(|(n, _)| !n.starts_with(crate::db::RESERVED_TABLE_PREFIX)) {
+        for (name, tw) in self.tables.iter().filter(|(n, _)| !crate::types::is_reserved(n)) {
             let has_writes = tw.writes.values().any(Option::is_some);
             if tw.dropped && !has_writes {
                 names.retain(|n| n.as_str() != &**name);
@@ -517,12 +492,12 @@ impl WriteTxn {
         };
         self.acct.meter.freeze();
         let result = if dirty {
-            self.snap.db.commit(request)
+            self.snap.db.committer.submit(request)
         } else {
             // Nothing to log. A serializable reader still checks that what it read is unchanged.
             self.snap.db.check_open().and_then(|()| {
                 if self.isolation == Isolation::Serializable && !request.reads.is_empty() {
-                    self.snap.db.validate_read_only(&request)?;
+                    self.snap.db.committer.validate_read_only(&request)?;
                 }
                 Ok(self.snap.ts)
             })

@@ -244,19 +244,7 @@ pub(crate) fn decode_segment_header(buf: &[u8]) -> std::result::Result<SegmentHe
     })
 }
 
-/// File name of segment `seq`.
-pub(crate) fn segment_name(seq: u64) -> String {
-    format!("wal-{seq:016}.log")
-}
-
-/// Parses a segment file name back to its sequence number.
-pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("wal-")?.strip_suffix(".log")?;
-    if digits.len() != 16 {
-        return None;
-    }
-    digits.parse().ok()
-}
+pub(crate) use crate::files::{parse_segment_name, segment_name};
 
 /// A frame found valid by [`scan_segment`].
 #[derive(Debug)]
@@ -578,12 +566,5 @@ mod tests {
         let mut huge_count = vec![KIND_COMMIT];
         huge_count.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_payload(&huge_count).is_err());
-    }
-
-    #[test]
-    fn segment_names_round_trip() {
-        assert_eq!(parse_segment_name(&segment_name(42)), Some(42));
-        assert_eq!(parse_segment_name("wal-12.log"), None);
-        assert_eq!(parse_segment_name("checkpoint-1.kc"), None);
     }
 }
