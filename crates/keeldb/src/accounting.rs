@@ -71,7 +71,7 @@ impl Accounting {
             out.push(self.untagged.clone());
         }
         let mut tagged: Vec<TagStats> = self.tagged.values().cloned().collect();
-        tagged.sort_by(|a, b| b.cpu_time.cmp(&a.cpu_time));
+        tagged.sort_by_key(|t| std::cmp::Reverse(t.cpu_time));
         out.extend(tagged);
         out
     }

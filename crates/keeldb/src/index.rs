@@ -135,6 +135,9 @@ impl Version {
 
 pub(crate) use crate::types::FastMap;
 
+/// Copied-out `(key, value)` pairs, in scan order.
+pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A key and the head of its version chain. Free slots have an empty key and no value.
 #[derive(Debug)]
 struct Slot {
@@ -278,13 +281,7 @@ impl TableData {
 
     /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
     /// Returns the entries and whether the range may hold more.
-    pub fn scan_chunk(
-        &self,
-        range: &KeyRange,
-        reverse: bool,
-        snapshot: u64,
-        limit: usize,
-    ) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+    pub fn scan_chunk(&self, range: &KeyRange, reverse: bool, snapshot: u64, limit: usize) -> (Entries, bool) {
         let mut out = Vec::new();
         if range.is_empty() {
             return (out, false);

@@ -36,6 +36,7 @@ pub mod fs;
 pub mod fuzz_api;
 pub mod graph;
 mod index;
+mod maintenance;
 mod options;
 mod recovery;
 mod registry;

@@ -207,13 +207,16 @@ fn list_sorted<T: Ord + Copy>(names: &[String], parse: impl Fn(&str) -> Option<T
     out
 }
 
+/// The loaded state and its timestamp, the valid checkpoints (timestamp, path) and the corrupt ones.
+type LoadedCheckpoint = (StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>);
+
 /// Loads the newest checkpoint that verifies. Returns it (or an empty state) and the skipped ones.
 fn load_checkpoint(
     fs: &dyn FileSystem,
     dir: &Path,
     names: &[String],
     report: &mut RecoveryReport,
-) -> Result<(StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+) -> Result<LoadedCheckpoint> {
     let mut valid = Vec::new();
     let mut corrupt = Vec::new();
     let mut chosen: Option<(StateBuilder, u64)> = None;

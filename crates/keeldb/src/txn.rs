@@ -193,7 +193,7 @@ impl Snapshot {
         data.get(key, self.ts)
     }
 
-    fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+    fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (crate::index::Entries, bool) {
         let catalog = self.db.published().catalog.read();
         match catalog.table_at(table, self.ts) {
             Some(t) => t.data.read().scan_chunk(range, reverse, self.ts, SCAN_CHUNK),

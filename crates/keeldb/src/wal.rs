@@ -275,11 +275,7 @@ pub(crate) struct SegmentScan<'a> {
     pub later_max_durable_lsn: u64,
 }
 
-fn check_frame<'a>(
-    bytes: &'a [u8],
-    pos: usize,
-    expect_lsn: u64,
-) -> std::result::Result<(FrameHeader, &'a [u8]), &'static str> {
+fn check_frame(bytes: &[u8], pos: usize, expect_lsn: u64) -> std::result::Result<(FrameHeader, &[u8]), &'static str> {
     let rest = bytes.get(pos..).unwrap_or_default();
     if rest.len() < FRAME_HEADER_BYTES {
         return Err("truncated frame header");
