@@ -40,6 +40,7 @@ mod maintenance;
 mod options;
 mod recovery;
 mod registry;
+mod scan;
 mod txn;
 mod types;
 mod verify;
@@ -52,7 +53,7 @@ pub use error::{ConflictReason, Error, Location, Result};
 pub use graph::{Graph, GraphError};
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
-pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
+pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
 pub use types::RESERVED_TABLE_PREFIX;
 pub use verify::{verify, VerifyReport};
 

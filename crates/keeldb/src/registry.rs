@@ -25,7 +25,13 @@ impl Registry {
         ts
     }
 
-    /// Releases a snapshot taken by [`Registry::acquire`].
+    /// Registers one more holder of `ts`, which the caller already holds (so the horizon is at
+    /// or below it and cannot move back). Released with [`Registry::release`].
+    pub fn pin(&self, ts: u64) {
+        *self.held.lock().entry(ts).or_insert(0) += 1;
+    }
+
+    /// Releases a snapshot taken by [`Registry::acquire`] or [`Registry::pin`].
     pub fn release(&self, ts: u64) {
         let mut held = self.held.lock();
         if let Some(count) = held.get_mut(&ts) {

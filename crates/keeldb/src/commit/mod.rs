@@ -14,6 +14,7 @@
 //! `docs/ARCHITECTURE.md`.
 
 mod conflicts;
+mod future;
 mod pipeline;
 pub(crate) mod request;
 mod waiter;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+pub(crate) use self::future::AsyncCommit;
 pub(crate) use self::pipeline::Pipeline;
 pub(crate) use self::request::{CommitRequest, ReadItem, Sequencer, TableWrites};
 use crate::digest::StateDigest;
@@ -295,12 +297,18 @@ impl Committer {
     }
 
     /// Waits for the pipeline to drain, then writes a mark frame carrying the digest and syncs:
-    /// after a clean close every acknowledged commit is durable whatever its mode.
+    /// after a clean close every acknowledged commit is durable whatever its mode. Commits still
+    /// queued with nobody leading (futures not polled yet) are led from here; once the database
+    /// is closed they fail with `Closed`.
     pub fn write_close_mark(&self) -> Result<()> {
         let mut seq = self.sequencer.lock();
         while !self.pipeline.is_idle(seq.next_batch) {
             drop(seq);
-            std::thread::sleep(Duration::from_micros(200));
+            if self.try_take_leadership() {
+                self.lead_while_work();
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             seq = self.sequencer.lock();
         }
         let digest = *self.published.digest.lock();

@@ -43,11 +43,22 @@ struct Pending {
     waiter: Arc<Waiter>,
 }
 
+/// Keeps a transaction's snapshot registered until its commit is validated, so conflict
+/// records it must be checked against cannot be trimmed meanwhile. A blocking committer's own
+/// transaction does this; a future that may be dropped before validation hands one over.
+pub(crate) type SnapshotPin = Box<dyn Send>;
+
 /// A commit request waiting for a leader.
-#[derive(Debug)]
 struct Queued {
     req: CommitRequest,
     waiter: Arc<Waiter>,
+    pin: Option<SnapshotPin>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued").field("req", &self.req).field("waiter", &self.waiter).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -106,7 +117,7 @@ impl Committer {
     pub fn submit(&self, req: CommitRequest) -> Result<u64> {
         self.check_writable()?;
         let waiter = Waiter::new();
-        if self.enqueue(req, &waiter)? {
+        if self.enqueue(req, &waiter, None, true)? {
             self.lead_while_work();
         }
         loop {
@@ -122,17 +133,24 @@ impl Committer {
         }
     }
 
-    /// Pushes a request onto the gather queue. Returns whether the caller became the leader.
-    fn enqueue(&self, req: CommitRequest, waiter: &Arc<Waiter>) -> Result<bool> {
+    /// Pushes a request onto the gather queue. With `claim`, takes leadership if it is free and
+    /// returns whether the caller became the leader.
+    pub(super) fn enqueue(
+        &self,
+        req: CommitRequest,
+        waiter: &Arc<Waiter>,
+        pin: Option<SnapshotPin>,
+        claim: bool,
+    ) -> Result<bool> {
         let mut g = self.pipeline.gather.lock();
         // Checked under the queue lock: close waits for this queue to drain.
         self.check_writable()?;
-        g.pending.push(Queued { req, waiter: Arc::clone(waiter) });
-        Ok(!std::mem::replace(&mut g.leader_active, true))
+        g.pending.push(Queued { req, waiter: Arc::clone(waiter), pin });
+        Ok(claim && !std::mem::replace(&mut g.leader_active, true))
     }
 
     /// Takes leadership if nobody holds it and work is queued.
-    fn try_take_leadership(&self) -> bool {
+    pub(super) fn try_take_leadership(&self) -> bool {
         let mut g = self.pipeline.gather.lock();
         if g.leader_active || g.pending.is_empty() {
             return false;
@@ -143,26 +161,30 @@ impl Committer {
 
     /// Leads a batch, then keeps leading while work is queued and nobody else took over: a
     /// thread that is already running leads, instead of waiting for a woken one to be
-    /// scheduled (with many runnable threads on few cores that wait dominated).
-    fn lead_while_work(&self) {
-        self.lead();
-        for _ in 0..64 {
-            if !self.try_take_leadership() {
+    /// scheduled (with many runnable threads on few cores that wait dominated). Leadership that
+    /// could not be handed to anyone (every queued committer is a dropped future) is kept.
+    pub(super) fn lead_while_work(&self) {
+        let mut rounds = 0;
+        loop {
+            if self.lead() {
+                continue;
+            }
+            rounds += 1;
+            if rounds > 64 || !self.try_take_leadership() {
                 return;
             }
-            self.lead();
         }
     }
 
-    /// Leads one batch: everything queued now (the caller's own commit is in it).
-    fn lead(&self) {
+    /// Leads one batch: everything queued now (the caller's own commit is in it). Returns
+    /// whether the caller is still the leader (see [`Committer::release_gather`]).
+    fn lead(&self) -> bool {
         if !self.commit_delay.is_zero() {
             std::thread::sleep(self.commit_delay);
         }
         let queued = std::mem::take(&mut self.pipeline.gather.lock().pending);
         let Some(batch) = self.sequence(queued) else {
-            self.release_gather();
-            return;
+            return self.release_gather();
         };
         let last_ts = batch.commits.last().map_or(0, |p| p.ts);
         let needs_sync = batch.commits.iter().any(|p| p.durability.needs_sync());
@@ -177,8 +199,9 @@ impl Committer {
         });
         // One fdatasync in flight at a time keeps batches large. From here the next leader
         // gathers, writes and syncs while this batch publishes and wakes its committers.
-        self.release_gather();
+        let still_leading = self.release_gather();
         self.publish(batch, result);
+        still_leading
     }
 
     /// Validates and encodes the queued commits in order; answers the ones that conflict.
@@ -188,7 +211,10 @@ impl Committer {
         let mut commits = Vec::with_capacity(queued.len());
         let mut frames = Vec::new();
         let first_lsn = seq.next_lsn;
-        for Queued { req, waiter } in queued {
+        // Released after the sequencer lock: a pin may hold the last reference to a snapshot.
+        let mut pins = Vec::new();
+        for Queued { req, waiter, pin } in queued {
+            pins.extend(pin);
             if let Some(failure) = &refused {
                 waiter.set(Slot::Done(Outcome::Failed(failure.clone())));
                 continue;
@@ -211,23 +237,28 @@ impl Committer {
         if seq.conflicts.wants_trim() {
             seq.conflicts.trim(self.published.horizon());
         }
+        let number = seq.next_batch;
+        seq.next_batch += u64::from(!commits.is_empty());
+        drop(seq);
+        drop(pins);
         if commits.is_empty() {
             return None;
         }
-        let number = seq.next_batch;
-        seq.next_batch += 1;
         Some(Batch { seq: number, commits, frames, first_lsn })
     }
 
-    /// Gives up leadership. If work is queued, wakes its first committer to try to lead; any
-    /// committer that arrives first (or this one, after publishing) may lead instead. So
-    /// whenever leadership drops with work queued, someone is on the way to lead it.
-    fn release_gather(&self) {
+    /// Gives up leadership. If work is queued, wakes its first live committer to try to lead;
+    /// any committer that arrives first (or this one, after publishing) may lead instead. So
+    /// whenever leadership drops with work queued, someone is on the way to lead it. When every
+    /// queued committer is a dropped future, nobody is: then the caller keeps leadership and
+    /// this returns true.
+    pub(super) fn release_gather(&self) -> bool {
         let mut g = self.pipeline.gather.lock();
-        g.leader_active = false;
-        if let Some(next) = g.pending.first() {
-            next.waiter.set(Slot::TryLead);
+        if g.pending.is_empty() || g.pending.iter().any(|q| q.waiter.set(Slot::TryLead)) {
+            g.leader_active = false;
+            return false;
         }
+        true
     }
 
     /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.

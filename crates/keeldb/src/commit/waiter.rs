@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use parking_lot::Mutex;
 
@@ -74,41 +75,99 @@ pub(crate) enum Slot {
     Done(Outcome),
 }
 
-/// A committer's mailbox: the slot and the thread to unpark when it changes. Parking on the
-/// thread's own futex is the cheapest sleep available, and a committer sleeps once per commit.
+/// The slot, the async owner's waker, and whether the owner is gone.
+#[derive(Debug)]
+struct State {
+    slot: Slot,
+    waker: Option<Waker>,
+    /// The owner (a dropped future) will never look at the slot again: it must not be chosen
+    /// to lead.
+    abandoned: bool,
+}
+
+/// A committer's mailbox: the slot, and the thread to unpark or the task to wake when it
+/// changes. Parking on the thread's own futex is the cheapest sleep available, and a
+/// committer sleeps once per commit; an async committer stores its task's waker instead and
+/// never parks its thread.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    slot: Mutex<Slot>,
+    state: Mutex<State>,
     changed: AtomicBool,
-    thread: std::thread::Thread,
+    /// `None` for an async committer.
+    thread: Option<std::thread::Thread>,
 }
 
 impl Waiter {
-    pub fn new() -> Arc<Waiter> {
-        Arc::new(Waiter {
-            slot: Mutex::new(Slot::Waiting),
-            changed: AtomicBool::new(false),
-            thread: std::thread::current(),
-        })
+    fn with_thread(thread: Option<std::thread::Thread>) -> Arc<Waiter> {
+        let state = State { slot: Slot::Waiting, waker: None, abandoned: false };
+        Arc::new(Waiter { state: Mutex::new(state), changed: AtomicBool::new(false), thread })
     }
 
-    /// Fills the slot and wakes its owner.
-    pub fn set(&self, s: Slot) {
-        *self.slot.lock() = s;
+    /// A waiter for the calling thread, which will block in [`Waiter::wait`].
+    pub fn new() -> Arc<Waiter> {
+        Waiter::with_thread(Some(std::thread::current()))
+    }
+
+    /// A waiter for a future, which will poll it with [`Waiter::poll_slot`].
+    pub fn new_async() -> Arc<Waiter> {
+        Waiter::with_thread(None)
+    }
+
+    /// Fills the slot and wakes its owner. Returns false (and changes nothing) when asked to
+    /// hand leadership to an owner that is gone.
+    pub fn set(&self, s: Slot) -> bool {
+        let waker = {
+            let mut st = self.state.lock();
+            if st.abandoned && matches!(s, Slot::TryLead) {
+                return false;
+            }
+            st.slot = s;
+            st.waker.take()
+        };
         self.changed.store(true, Ordering::Release);
-        self.thread.unpark();
+        if let Some(t) = &self.thread {
+            t.unpark();
+        }
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
     }
 
     /// Blocks until the slot is set; only the thread that created the waiter calls this.
     pub fn wait(&self) -> Slot {
         loop {
             if self.changed.swap(false, Ordering::Acquire) {
-                let taken = std::mem::replace(&mut *self.slot.lock(), Slot::Waiting);
+                let taken = std::mem::replace(&mut self.state.lock().slot, Slot::Waiting);
                 if !matches!(taken, Slot::Waiting) {
                     return taken;
                 }
             }
             std::thread::park();
         }
+    }
+
+    /// Takes the slot if it was set; otherwise registers the task's waker and returns `None`.
+    /// The check and the registration happen under one lock, so no wake-up is lost.
+    pub fn poll_slot(&self, cx: &Context<'_>) -> Option<Slot> {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut st.slot, Slot::Waiting) {
+            Slot::Waiting => {
+                if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    st.waker = Some(cx.waker().clone());
+                }
+                None
+            }
+            taken => Some(taken),
+        }
+    }
+
+    /// Marks the owner gone. Returns whether it had been told to try to lead (and so now owes
+    /// the pipeline a leader).
+    pub fn abandon(&self) -> bool {
+        let mut st = self.state.lock();
+        st.abandoned = true;
+        st.waker = None;
+        matches!(std::mem::replace(&mut st.slot, Slot::Waiting), Slot::TryLead)
     }
 }
