@@ -15,6 +15,7 @@ use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{write_all_at, FileHandle, FileSystem, OpenMode};
 use crate::options::{MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
+use crate::types::LogPosition;
 
 const HEADER_MAGIC: &[u8; 8] = b"KEELCKP\0";
 const FOOTER_MAGIC: &[u8; 8] = b"KEELCKPF";
@@ -45,6 +46,26 @@ pub(crate) struct CheckpointWriter {
     entries: u64,
     digest: StateDigest,
     current_table: Option<Arc<str>>,
+    next_table_id: u32,
+    applied: Option<LogPosition>,
+}
+
+/// Header bytes 24..44 (reserved before): the applied log position, if any. Flag 1 at 40 says
+/// it is present; a checkpoint written before the field existed has zeros there.
+fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_BYTES);
+    header.extend_from_slice(HEADER_MAGIC);
+    header.put_u32(crate::FORMAT_VERSION);
+    header.put_u32(next_table_id);
+    header.put_u64(ts);
+    let pos = applied.unwrap_or_default();
+    header.put_u64(pos.index);
+    header.put_u64(pos.term);
+    header.put_u32(u32::from(applied.is_some()));
+    header.resize(60, 0);
+    let crc = crc32c::crc32c(&header);
+    header.put_u32(crc);
+    header
 }
 
 impl CheckpointWriter {
@@ -54,14 +75,7 @@ impl CheckpointWriter {
             fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
         let file = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
-        let mut header = Vec::with_capacity(HEADER_BYTES);
-        header.extend_from_slice(HEADER_MAGIC);
-        header.put_u32(crate::FORMAT_VERSION);
-        header.put_u32(next_table_id);
-        header.put_u64(ts);
-        header.resize(60, 0);
-        let crc = crc32c::crc32c(&header);
-        header.put_u32(crc);
+        let header = encode_header(next_table_id, ts, None);
         write_all_at(file.as_ref(), &header, 0).map_err(|e| Error::io(&tmp, e))?;
         Ok(CheckpointWriter {
             fs,
@@ -76,7 +90,15 @@ impl CheckpointWriter {
             entries: 0,
             digest: StateDigest::default(),
             current_table: None,
+            next_table_id,
+            applied: None,
         })
+    }
+
+    /// Records the replicated-log position applied at the checkpoint's timestamp; written into
+    /// the header by [`CheckpointWriter::finish`].
+    pub fn set_applied(&mut self, applied: Option<LogPosition>) {
+        self.applied = applied;
     }
 
     pub fn table(&mut self, id: u32, name: &Arc<str>) -> Result<()> {
@@ -143,6 +165,10 @@ impl CheckpointWriter {
         let crc = crc32c::crc32c(&footer);
         footer.put_u32(crc);
         write_all_at(self.file.as_ref(), &footer, self.offset).map_err(|e| Error::io(&self.tmp, e))?;
+        if self.applied.is_some() {
+            let header = encode_header(self.next_table_id, self.ts, self.applied);
+            write_all_at(self.file.as_ref(), &header, 0).map_err(|e| Error::io(&self.tmp, e))?;
+        }
         let size = self.offset + FOOTER_BYTES as u64;
         self.file.sync_data().map_err(|e| Error::io(&self.tmp, e))?;
         let target = self.dir.join(checkpoint_name(self.ts));
@@ -165,6 +191,8 @@ pub(crate) struct CheckpointSummary {
     pub next_table_id: u32,
     pub entries: u64,
     pub digest: StateDigest,
+    /// The replicated-log position applied at `ts`, if the header records one.
+    pub applied: Option<LogPosition>,
 }
 
 /// Reads and verifies a whole checkpoint file's bytes, delivering records to `sink` as each
@@ -191,6 +219,11 @@ pub(crate) fn read_checkpoint(
     }
     let next_table_id = le_u32(header, 12).unwrap_or(0);
     let ts = le_u64(header, 16).unwrap_or(0);
+    let applied = match le_u32(header, 40).unwrap_or(0) {
+        0 => None,
+        1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
+        _ => return fail(40, "bad applied-position flag in checkpoint header"),
+    };
     let footer_at = bytes.len() - FOOTER_BYTES;
     let footer = bytes.get(footer_at..).unwrap_or_default();
     if footer.get(..8) != Some(&FOOTER_MAGIC[..]) {
@@ -264,7 +297,7 @@ pub(crate) fn read_checkpoint(
     if digest != want_digest {
         return fail(footer_at, "state digest mismatch");
     }
-    Ok(CheckpointSummary { ts, next_table_id, entries, digest })
+    Ok(CheckpointSummary { ts, next_table_id, entries, digest, applied })
 }
 
 #[cfg(test)]
@@ -298,6 +331,18 @@ mod tests {
     }
 
     #[test]
+    fn applied_position_round_trips_in_the_header() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+        let mut w = CheckpointWriter::create(fs, dir.path(), 9, 2).expect("create");
+        w.set_applied(Some(LogPosition::new(41, 3)));
+        let path = w.finish().expect("finish").0;
+        let bytes = read_all(StdFs.open(&path, OpenMode::Read).expect("open").as_ref()).expect("read");
+        let summary = read_checkpoint(&bytes, &mut Collect::default()).expect("valid");
+        assert_eq!((summary.ts, summary.applied), (9, Some(LogPosition::new(41, 3))));
+    }
+
+    #[test]
     fn round_trip_and_every_flipped_byte_is_caught() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_sample(dir.path());
@@ -305,6 +350,7 @@ mod tests {
         let mut sink = Collect::default();
         let summary = read_checkpoint(&bytes, &mut sink).expect("valid");
         assert_eq!((summary.ts, summary.next_table_id, summary.entries), (7, 3, 1000));
+        assert_eq!(summary.applied, None);
         assert_eq!(sink.tables, vec![(1, "alpha".to_owned())]);
         // A flipped bit anywhere must be reported, never accepted.
         for offset in (0..bytes.len()).step_by(97) {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::accounting::Accounting;
-use crate::commit::{Committer, Published, Start};
+use crate::commit::{ApplyOutcome, Command, Committer, Published, Start};
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
@@ -24,6 +24,7 @@ use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
 use crate::options::{Durability, Isolation, Options};
 use crate::recovery::{self, RecoveryReport};
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
+use crate::types::LogPosition;
 use crate::wal::WalWriter;
 
 const IDS_TABLE: &str = "__keeldb/ids";
@@ -263,6 +264,7 @@ impl Database {
             digest: rec.state.digest,
             live_tables: rec.state.live,
             next_table_id: rec.state.next_table_id,
+            applied: rec.state.applied,
         };
         let committer = Committer::new(dir.clone(), Arc::clone(&fs), &options, start);
         let inner = Arc::new(Inner {
@@ -402,6 +404,41 @@ impl Database {
     /// Counters and sizes.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
+    }
+
+    /// Applies commands from a replicated log, in the order given, as one group: one WAL
+    /// write for all of them (and one fdatasync under `sync`), each with its own commit
+    /// timestamp, through the same pipeline as transactions. Each command's conditions are
+    /// evaluated against the state produced by every commit before it, so every replica that
+    /// applies the same log reaches the same state and outcomes; a command whose condition
+    /// fails writes nothing but its position. Positions must increase (across calls too): a
+    /// position at or before the last applied one is an `InvalidArgument` and writes nothing.
+    /// Uses the database's default durability; see [`Database::apply_batch_with`].
+    ///
+    /// Determinism assumes the log is the store's only writer: transactions committed
+    /// concurrently are ordered among the commands by arrival.
+    pub fn apply_batch(&self, commands: Vec<(LogPosition, Command)>) -> Vec<Result<ApplyOutcome>> {
+        self.apply_batch_with(self.inner.options.durability, commands)
+    }
+
+    /// [`Database::apply_batch`] with a durability for this group. A replicated state machine
+    /// whose log store already syncs typically uses [`Durability::Relaxed`].
+    pub fn apply_batch_with(
+        &self,
+        durability: Durability,
+        commands: Vec<(LogPosition, Command)>,
+    ) -> Vec<Result<ApplyOutcome>> {
+        let check = || self.inner.check_open().and_then(|()| durability.validate());
+        if check().is_err() {
+            return commands.iter().map(|_| Err(check().err().unwrap_or(Error::Closed))).collect();
+        }
+        self.inner.committer.apply_commands(commands, durability)
+    }
+
+    /// The replicated-log position of the last command applied and visible (after open: the
+    /// last one whose writes were recovered), or `None` if no command was ever applied.
+    pub fn applied(&self) -> Option<LogPosition> {
+        *self.inner.published().applied.lock()
     }
 
     /// The state digest at the newest visible commit.

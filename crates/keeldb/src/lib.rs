@@ -46,6 +46,7 @@ mod types;
 mod verify;
 mod wal;
 
+pub use commit::{ApplyOutcome, Command, Condition};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions};
 pub use digest::StateDigest;
@@ -54,7 +55,7 @@ pub use graph::{Graph, GraphError};
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
-pub use types::RESERVED_TABLE_PREFIX;
+pub use types::{LogPosition, RESERVED_TABLE_PREFIX};
 pub use verify::{verify, VerifyReport};
 
 /// The README's example, compiled and run as a doctest so it cannot drift from the API.

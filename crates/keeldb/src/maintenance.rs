@@ -28,7 +28,7 @@ impl Inner {
         // Seal the current segment so that the WAL up to here can be deleted later.
         self.committer.seal_segment()?;
         let view = self.published();
-        let (snap, expected) = view.acquire_with_digest();
+        let (snap, expected, applied) = view.acquire_with_digest();
         let release = scopeguard(|| view.release(snap));
         if retained.last().is_some_and(|(ts, _)| *ts == snap) {
             drop(release);
@@ -44,6 +44,7 @@ impl Inner {
         };
         let next_id = tables.iter().map(|t| t.id + 1).max().unwrap_or(1);
         let mut writer = CheckpointWriter::create(Arc::clone(&self.fs), &self.path, snap, next_id)?;
+        writer.set_applied(applied);
         let mut entries = 0u64;
         for t in &tables {
             writer.table(t.id, &t.name)?;

@@ -126,6 +126,8 @@ pub(crate) struct StateBuilder {
     pub live: crate::types::FastMap<Arc<str>, u32>,
     pub next_table_id: u32,
     pub digest: StateDigest,
+    /// The replicated-log position of the last applied command (checkpoint, then WAL).
+    pub applied: Option<crate::types::LogPosition>,
 }
 
 impl CheckpointSink for StateBuilder {
@@ -233,6 +235,7 @@ fn load_checkpoint(
         match read_checkpoint(&bytes, &mut state) {
             Ok(summary) if summary.ts == ts => {
                 state.next_table_id = state.next_table_id.max(summary.next_table_id);
+                state.applied = summary.applied;
                 report.checkpoint = Some((path.clone(), ts));
                 valid.push((ts, path));
                 chosen = Some((state, ts));
@@ -354,6 +357,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             if ts > ckpt_ts {
                 for op in &rec.ops {
                     state.apply(op, ts).map_err(|why| Error::corruption(&path, frame.offset, why))?;
+                }
+                if rec.position.is_some() {
+                    state.applied = rec.position;
                 }
                 report.frames_replayed += 1;
                 report.bytes_replayed += frame.payload.len() as u64;

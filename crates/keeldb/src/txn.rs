@@ -460,6 +460,7 @@ impl WriteTxn {
             isolation: self.isolation,
             tables,
             reads,
+            apply: None,
         };
         self.acct.meter.freeze();
         Ok((request, dirty))

@@ -12,3 +12,29 @@ pub const RESERVED_TABLE_PREFIX: &str = "__keeldb/";
 pub(crate) fn is_reserved(name: &str) -> bool {
     name.starts_with(RESERVED_TABLE_PREFIX)
 }
+
+/// A position in a replicated log (for example a Raft log): the entry's index and the term it
+/// was written in. Opaque to the engine except for its order: positions applied to one store
+/// must increase. Stored in the same WAL frame as the command's writes and in checkpoints, so
+/// [`crate::Database::applied`] after recovery names exactly the last command whose writes
+/// survived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LogPosition {
+    /// The entry's index in the log.
+    pub index: u64,
+    /// The term the entry was written in.
+    pub term: u64,
+}
+
+impl LogPosition {
+    /// A position.
+    pub fn new(index: u64, term: u64) -> LogPosition {
+        LogPosition { index, term }
+    }
+}
+
+impl std::fmt::Display for LogPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.index, self.term)
+    }
+}

@@ -143,7 +143,7 @@ mod tests {
         tw.writes.insert(key.to_vec(), Some(b"v".to_vec()));
         let mut tables = BTreeMap::new();
         tables.insert(Arc::from(table), tw);
-        CommitRequest { start_ts, durability: Durability::Relaxed, isolation, tables, reads: Vec::new() }
+        CommitRequest { start_ts, durability: Durability::Relaxed, isolation, tables, reads: Vec::new(), apply: None }
     }
 
     #[test]

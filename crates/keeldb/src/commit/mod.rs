@@ -13,6 +13,7 @@
 //! visible means durable, validation sees everything sequenced, dense timestamps) are stated in
 //! `docs/ARCHITECTURE.md`.
 
+mod apply;
 mod conflicts;
 mod future;
 mod pipeline;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+pub use self::apply::{ApplyOutcome, Command, Condition};
 pub(crate) use self::future::AsyncCommit;
 pub(crate) use self::pipeline::Pipeline;
 pub(crate) use self::request::{CommitRequest, ReadItem, Sequencer, TableWrites};
@@ -35,6 +37,7 @@ use crate::fs::{write_all_at, FileSystem, OpenMode};
 use crate::index::Catalog;
 use crate::options::Options;
 use crate::registry::Registry;
+use crate::types::LogPosition;
 use crate::wal::{self, WalWriter};
 
 /// The state readers see. Only the committer's publication changes the catalog's contents,
@@ -47,6 +50,8 @@ pub(crate) struct Published {
     pub catalog: RwLock<Catalog>,
     /// The digest as of `visible_ts`; publication holds the lock while applying a batch.
     pub digest: Mutex<StateDigest>,
+    /// The replicated-log position applied as of `visible_ts`; changed under the digest lock.
+    pub applied: Mutex<Option<LogPosition>>,
 }
 
 impl Published {
@@ -69,10 +74,11 @@ impl Published {
         self.visible_ts.load(Ordering::Acquire)
     }
 
-    /// A registered snapshot and the digest at exactly that timestamp.
-    pub fn acquire_with_digest(&self) -> (u64, StateDigest) {
+    /// A registered snapshot, and the digest and applied log position at exactly that
+    /// timestamp.
+    pub fn acquire_with_digest(&self) -> (u64, StateDigest, Option<LogPosition>) {
         let digest = self.digest.lock();
-        (self.acquire(), *digest)
+        (self.acquire(), *digest, *self.applied.lock())
     }
 }
 
@@ -118,6 +124,7 @@ pub(crate) struct Start {
     pub digest: StateDigest,
     pub live_tables: crate::types::FastMap<Arc<str>, u32>,
     pub next_table_id: u32,
+    pub applied: Option<LogPosition>,
 }
 
 /// Owns the write path of one open database; see the module comment.
@@ -158,8 +165,15 @@ impl Committer {
                 registry: Registry::default(),
                 catalog: RwLock::new(start.catalog),
                 digest: Mutex::new(start.digest),
+                applied: Mutex::new(start.applied),
             },
-            sequencer: Mutex::new(Sequencer::new(start.last_ts, end_lsn, start.live_tables, start.next_table_id)),
+            sequencer: Mutex::new(Sequencer::new(
+                start.last_ts,
+                end_lsn,
+                start.live_tables,
+                start.next_table_id,
+                start.applied,
+            )),
             pipeline: Pipeline::default(),
             wal: Mutex::new(start.wal),
             durable_lsn: AtomicU64::new(end_lsn),

@@ -25,13 +25,15 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::request::{CommitRequest, TableApply};
+use super::apply::BatchOverlay;
+use super::request::{CommitRequest, Sequencer, TableApply};
 use super::waiter::{Failure, Outcome, Slot, Waiter};
 use super::Committer;
 use crate::error::{Error, Result};
 use crate::fs::FileHandle;
 use crate::index::Table;
 use crate::options::Durability;
+use crate::types::LogPosition;
 use crate::wal;
 
 /// A validated commit in a batch.
@@ -41,6 +43,9 @@ struct Pending {
     tables: Vec<TableApply>,
     durability: Durability,
     waiter: Arc<Waiter>,
+    /// For a command from a replicated log: its position, and the condition that failed.
+    position: Option<LogPosition>,
+    failed_condition: Option<usize>,
 }
 
 /// Keeps a transaction's snapshot registered until its commit is validated, so conflict
@@ -120,6 +125,11 @@ impl Committer {
         if self.enqueue(req, &waiter, None, true)? {
             self.lead_while_work();
         }
+        self.wait_outcome(&waiter).into_result()
+    }
+
+    /// Parks until the waiter's commit is decided, leading when told to.
+    pub(super) fn wait_outcome(&self, waiter: &Waiter) -> Outcome {
         loop {
             match waiter.wait() {
                 Slot::TryLead => {
@@ -127,10 +137,19 @@ impl Committer {
                         self.lead_while_work();
                     }
                 }
-                Slot::Done(outcome) => return outcome.into_result(),
+                Slot::Done(outcome) => return outcome,
                 Slot::Waiting => {}
             }
         }
+    }
+
+    /// Pushes several requests onto the gather queue at once, in order, so one leader takes
+    /// them into one batch. Takes leadership if it is free; returns whether it did.
+    pub(super) fn enqueue_many(&self, requests: Vec<(CommitRequest, Arc<Waiter>)>) -> Result<bool> {
+        let mut g = self.pipeline.gather.lock();
+        self.check_writable()?;
+        g.pending.extend(requests.into_iter().map(|(req, waiter)| Queued { req, waiter, pin: None }));
+        Ok(!g.pending.is_empty() && !std::mem::replace(&mut g.leader_active, true))
     }
 
     /// Pushes a request onto the gather queue. With `claim`, takes leadership if it is free and
@@ -211,6 +230,13 @@ impl Committer {
         let mut commits = Vec::with_capacity(queued.len());
         let mut frames = Vec::new();
         let first_lsn = seq.next_lsn;
+        // Conditions of log commands see every earlier commit: the published index (once the
+        // batches before this one are published) and this batch's earlier writes.
+        let conditional = queued.iter().any(|q| q.req.apply.as_ref().is_some_and(|a| !a.conditions.is_empty()));
+        let mut overlay = conditional.then(BatchOverlay::default);
+        if conditional {
+            self.wait_published(seq.last_ts);
+        }
         // Released after the sequencer lock: a pin may hold the last reference to a snapshot.
         let mut pins = Vec::new();
         for Queued { req, waiter, pin } in queued {
@@ -219,12 +245,30 @@ impl Committer {
                 waiter.set(Slot::Done(Outcome::Failed(failure.clone())));
                 continue;
             }
-            if let Err(c) = seq.conflicts.validate(&req) {
-                waiter.set(Slot::Done(Outcome::Conflict(c)));
-                continue;
+            let CommitRequest { mut tables, durability, apply, .. } = match self.admit(&seq, req) {
+                Ok(req) => req,
+                Err(outcome) => {
+                    waiter.set(Slot::Done(outcome));
+                    continue;
+                }
+            };
+            let position = apply.as_ref().map(|a| a.position);
+            let failed_condition = match (&apply, &overlay) {
+                (Some(a), Some(o)) => self.first_failed_condition(&a.conditions, o),
+                _ => None,
+            };
+            if failed_condition.is_some() {
+                tables.clear();
             }
             let ts = seq.last_ts + 1;
-            let (tables, payload) = seq.resolve(req.tables, ts);
+            let (tables, mut payload) = seq.resolve(tables, ts);
+            if let Some(p) = position {
+                payload.applied_position(p);
+                seq.last_position = Some(p);
+            }
+            if let Some(o) = &mut overlay {
+                o.record(&tables);
+            }
             let payload = payload.finish();
             let before = frames.len();
             frames.reserve(wal::frame_bytes(payload.len()));
@@ -232,7 +276,7 @@ impl Committer {
             wal::encode_frame(&mut frames, seq.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
             seq.next_lsn += (frames.len() - before) as u64;
             seq.last_ts = ts;
-            commits.push(Pending { ts, tables, durability: req.durability, waiter });
+            commits.push(Pending { ts, tables, durability, waiter, position, failed_condition });
         }
         if seq.conflicts.wants_trim() {
             seq.conflicts.trim(self.published.horizon());
@@ -245,6 +289,20 @@ impl Committer {
             return None;
         }
         Some(Batch { seq: number, commits, frames, first_lsn })
+    }
+
+    /// First committer wins for a transaction; a log command instead must come after the last
+    /// position sequenced (its conditions are checked by the caller).
+    fn admit(&self, seq: &Sequencer, req: CommitRequest) -> std::result::Result<CommitRequest, Outcome> {
+        match &req.apply {
+            None => seq.conflicts.validate(&req).map_err(Outcome::Conflict)?,
+            Some(a) => {
+                if let Some(last) = seq.last_position.filter(|last| a.position <= *last) {
+                    return Err(Outcome::OutOfOrder { position: a.position, last });
+                }
+            }
+        }
+        Ok(req)
     }
 
     /// Gives up leadership. If work is queued, wakes its first live committer to try to lead;
@@ -335,6 +393,9 @@ impl Committer {
         for ready in done {
             for c in &ready.commits {
                 let outcome = match &ready.result {
+                    Ok(()) if c.position.is_some() => {
+                        Outcome::Applied { ts: c.ts, failed_condition: c.failed_condition }
+                    }
                     Ok(()) => Outcome::Committed(c.ts),
                     Err(failure) => Outcome::Failed(failure.clone()),
                 };
@@ -371,6 +432,9 @@ impl Committer {
                     data.apply(&table.name, k, v.as_deref(), p.ts, horizon, &mut digest);
                 }
             }
+        }
+        if let Some(p) = batch.iter().rev().find_map(|p| p.position) {
+            *view.applied.lock() = Some(p);
         }
         view.visible_ts.store(last.ts, Ordering::Release);
         drop(digest);

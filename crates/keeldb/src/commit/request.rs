@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::conflicts::ConflictIndex;
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation};
-use crate::types::FastMap;
+use crate::types::{FastMap, LogPosition};
 use crate::wal::PayloadBuilder;
 
 /// One table's part of a write set.
@@ -38,6 +38,9 @@ pub(crate) struct CommitRequest {
     pub isolation: Isolation,
     pub tables: BTreeMap<Arc<str>, TableWrites>,
     pub reads: Vec<(Arc<str>, ReadItem)>,
+    /// Set for a command applied from a replicated log: validated by its conditions in log
+    /// order, not by snapshot age.
+    pub apply: Option<super::apply::ApplyPart>,
 }
 
 /// One table's writes, resolved to table ids.
@@ -66,10 +69,18 @@ pub(crate) struct Sequencer {
     pub conflicts: ConflictIndex,
     /// Sequence number the next batch gets.
     pub next_batch: u64,
+    /// The log position of the last command sequenced from a replicated log.
+    pub last_position: Option<LogPosition>,
 }
 
 impl Sequencer {
-    pub fn new(last_ts: u64, next_lsn: u64, live_tables: FastMap<Arc<str>, u32>, next_table_id: u32) -> Sequencer {
+    pub fn new(
+        last_ts: u64,
+        next_lsn: u64,
+        live_tables: FastMap<Arc<str>, u32>,
+        next_table_id: u32,
+        last_position: Option<LogPosition>,
+    ) -> Sequencer {
         Sequencer {
             last_ts,
             next_lsn,
@@ -77,6 +88,7 @@ impl Sequencer {
             next_table_id: next_table_id.max(1),
             conflicts: ConflictIndex::default(),
             next_batch: 0,
+            last_position,
         }
     }
 

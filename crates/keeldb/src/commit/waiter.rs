@@ -12,6 +12,7 @@ use std::task::{Context, Waker};
 use parking_lot::Mutex;
 
 use crate::error::{ConflictReason, Error};
+use crate::types::LogPosition;
 
 /// Why the pipeline refused or failed a commit that did not conflict.
 #[derive(Debug, Clone)]
@@ -54,12 +55,20 @@ pub(crate) enum Outcome {
     Conflict(Conflict),
     /// Not committed: the database was closed or poisoned.
     Failed(Failure),
+    /// A log command was decided at `ts`: applied, or (with the index of the failed condition)
+    /// logged as position only.
+    Applied { ts: u64, failed_condition: Option<usize> },
+    /// A log command's position was not after the last one applied; nothing was written.
+    OutOfOrder { position: LogPosition, last: LogPosition },
 }
 
 impl Outcome {
     pub fn into_result(self) -> Result<u64, Error> {
         match self {
-            Outcome::Committed(ts) => Ok(ts),
+            Outcome::Committed(ts) | Outcome::Applied { ts, .. } => Ok(ts),
+            Outcome::OutOfOrder { position, last } => Err(Error::InvalidArgument(format!(
+                "log position {position} is not after the last applied position {last}"
+            ))),
             Outcome::Conflict(c) => Err(c.into()),
             Outcome::Failed(f) => Err(f.to_error()),
         }
