@@ -271,7 +271,11 @@ mod tests {
     fn engine_errors_are_classified() {
         let locked = classify(keeldb::Error::Locked("/x".into()));
         assert_eq!(locked.code, crate::EXIT_USAGE);
-        let conflict = classify(keeldb::Error::Conflict("w".into()));
+        let conflict = classify(keeldb::Error::Conflict {
+            table: "w".into(),
+            key: Some(b"k".to_vec()),
+            reason: keeldb::ConflictReason::KeyWritten,
+        });
         assert_eq!(conflict.code, EXIT_FAILURE);
     }
 }

@@ -467,7 +467,7 @@ impl Run<'_> {
                 }
                 self.acked(info.ts, ws, durability, started)
             }
-            Err(Error::Conflict(why)) => {
+            Err(why @ Error::Conflict { .. }) => {
                 if self.poisoned {
                     return Err(format!("a poisoned database reported a conflict instead of Poisoned: {why}"));
                 }

@@ -31,7 +31,7 @@ pub fn new_error(py: Python<'_>, name: &str, message: String) -> PyErr {
 
 fn class_of(e: &Error) -> &'static str {
     match e {
-        Error::Conflict(_) => "ConflictError",
+        Error::Conflict { .. } => "ConflictError",
         Error::Corruption { .. } => "CorruptionError",
         Error::Locked(_) => "LockedError",
         Error::Poisoned(_) => "PoisonedError",

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::cpu::{Histogram, TagStats, HISTOGRAM_BUCKETS};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
 
-pub(crate) const ACCOUNTING_FILE: &str = "accounting.txt";
+use crate::files::ACCOUNTING_FILE;
 const MAGIC: &str = "keel-accounting 1";
 
 /// Most distinct tags tracked; further tags are totalled under `"(other)"`.
@@ -23,7 +23,7 @@ const MAX_TAGS: usize = 10_000;
 #[derive(Debug, Default)]
 pub struct Accounting {
     untagged: TagStats,
-    tagged: crate::index::FastMap<Arc<str>, TagStats>,
+    tagged: crate::types::FastMap<Arc<str>, TagStats>,
 }
 
 /// How a transaction ended, for accounting.
@@ -71,7 +71,7 @@ impl Accounting {
             out.push(self.untagged.clone());
         }
         let mut tagged: Vec<TagStats> = self.tagged.values().cloned().collect();
-        tagged.sort_by(|a, b| b.cpu_time.cmp(&a.cpu_time));
+        tagged.sort_by_key(|t| std::cmp::Reverse(t.cpu_time));
         out.extend(tagged);
         out
     }
@@ -181,7 +181,7 @@ impl Accounting {
         }
         let body = body.trim_end_matches('\n').to_owned();
         let text = format!("{body}\ncrc {}\n", crc32c::crc32c(body.as_bytes()));
-        let tmp = dir.join(format!("{ACCOUNTING_FILE}.tmp"));
+        let tmp = dir.join(crate::files::tmp_name(ACCOUNTING_FILE));
         if fs.exists(&tmp)? {
             fs.remove_file(&tmp)?;
         }

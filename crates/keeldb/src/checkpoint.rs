@@ -15,6 +15,7 @@ use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{write_all_at, FileHandle, FileSystem, OpenMode};
 use crate::options::{MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
+use crate::types::LogPosition;
 
 const HEADER_MAGIC: &[u8; 8] = b"KEELCKP\0";
 const FOOTER_MAGIC: &[u8; 8] = b"KEELCKPF";
@@ -28,19 +29,7 @@ const BLOCK_MAX_BYTES: usize = BLOCK_TARGET_BYTES + MAX_KEY_BYTES + MAX_VALUE_BY
 const REC_TABLE: u8 = 1;
 const REC_ENTRY: u8 = 2;
 
-/// File name of the checkpoint at `ts`.
-pub(crate) fn checkpoint_name(ts: u64) -> String {
-    format!("checkpoint-{ts:020}.kc")
-}
-
-/// Parses a checkpoint file name back to its timestamp.
-pub(crate) fn parse_checkpoint_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("checkpoint-")?.strip_suffix(".kc")?;
-    if digits.len() != 20 {
-        return None;
-    }
-    digits.parse().ok()
-}
+pub(crate) use crate::files::{checkpoint_name, parse_checkpoint_name};
 
 /// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`] makes it durable
 /// and renames it into place.
@@ -57,23 +46,36 @@ pub(crate) struct CheckpointWriter {
     entries: u64,
     digest: StateDigest,
     current_table: Option<Arc<str>>,
+    next_table_id: u32,
+    applied: Option<LogPosition>,
+}
+
+/// Header bytes 24..44 (reserved before): the applied log position, if any. Flag 1 at 40 says
+/// it is present; a checkpoint written before the field existed has zeros there.
+fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_BYTES);
+    header.extend_from_slice(HEADER_MAGIC);
+    header.put_u32(crate::FORMAT_VERSION);
+    header.put_u32(next_table_id);
+    header.put_u64(ts);
+    let pos = applied.unwrap_or_default();
+    header.put_u64(pos.index);
+    header.put_u64(pos.term);
+    header.put_u32(u32::from(applied.is_some()));
+    header.resize(60, 0);
+    let crc = crc32c::crc32c(&header);
+    header.put_u32(crc);
+    header
 }
 
 impl CheckpointWriter {
     pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, ts: u64, next_table_id: u32) -> Result<Self> {
-        let tmp = dir.join(format!("{}.tmp", checkpoint_name(ts)));
+        let tmp = dir.join(crate::files::tmp_name(&checkpoint_name(ts)));
         if fs.exists(&tmp).map_err(|e| Error::io(&tmp, e))? {
             fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
         let file = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
-        let mut header = Vec::with_capacity(HEADER_BYTES);
-        header.extend_from_slice(HEADER_MAGIC);
-        header.put_u32(crate::FORMAT_VERSION);
-        header.put_u32(next_table_id);
-        header.put_u64(ts);
-        header.resize(60, 0);
-        let crc = crc32c::crc32c(&header);
-        header.put_u32(crc);
+        let header = encode_header(next_table_id, ts, None);
         write_all_at(file.as_ref(), &header, 0).map_err(|e| Error::io(&tmp, e))?;
         Ok(CheckpointWriter {
             fs,
@@ -88,7 +90,15 @@ impl CheckpointWriter {
             entries: 0,
             digest: StateDigest::default(),
             current_table: None,
+            next_table_id,
+            applied: None,
         })
+    }
+
+    /// Records the replicated-log position applied at the checkpoint's timestamp; written into
+    /// the header by [`CheckpointWriter::finish`].
+    pub fn set_applied(&mut self, applied: Option<LogPosition>) {
+        self.applied = applied;
     }
 
     pub fn table(&mut self, id: u32, name: &Arc<str>) -> Result<()> {
@@ -155,6 +165,10 @@ impl CheckpointWriter {
         let crc = crc32c::crc32c(&footer);
         footer.put_u32(crc);
         write_all_at(self.file.as_ref(), &footer, self.offset).map_err(|e| Error::io(&self.tmp, e))?;
+        if self.applied.is_some() {
+            let header = encode_header(self.next_table_id, self.ts, self.applied);
+            write_all_at(self.file.as_ref(), &header, 0).map_err(|e| Error::io(&self.tmp, e))?;
+        }
         let size = self.offset + FOOTER_BYTES as u64;
         self.file.sync_data().map_err(|e| Error::io(&self.tmp, e))?;
         let target = self.dir.join(checkpoint_name(self.ts));
@@ -177,6 +191,8 @@ pub(crate) struct CheckpointSummary {
     pub next_table_id: u32,
     pub entries: u64,
     pub digest: StateDigest,
+    /// The replicated-log position applied at `ts`, if the header records one.
+    pub applied: Option<LogPosition>,
 }
 
 /// Reads and verifies a whole checkpoint file's bytes, delivering records to `sink` as each
@@ -203,6 +219,11 @@ pub(crate) fn read_checkpoint(
     }
     let next_table_id = le_u32(header, 12).unwrap_or(0);
     let ts = le_u64(header, 16).unwrap_or(0);
+    let applied = match le_u32(header, 40).unwrap_or(0) {
+        0 => None,
+        1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
+        _ => return fail(40, "bad applied-position flag in checkpoint header"),
+    };
     let footer_at = bytes.len() - FOOTER_BYTES;
     let footer = bytes.get(footer_at..).unwrap_or_default();
     if footer.get(..8) != Some(&FOOTER_MAGIC[..]) {
@@ -225,7 +246,7 @@ pub(crate) fn read_checkpoint(
     let mut pos = HEADER_BYTES;
     let (mut blocks, mut tables, mut entries) = (0u64, 0u64, 0u64);
     let mut digest = StateDigest::default();
-    let mut names: crate::index::FastMap<u32, String> = crate::index::FastMap::default();
+    let mut names: crate::types::FastMap<u32, String> = crate::types::FastMap::default();
     while pos < footer_at {
         let (Some(len), Some(crc)) = (le_u32(bytes, pos), le_u32(bytes, pos + 4)) else {
             return fail(pos, "truncated block header");
@@ -276,7 +297,7 @@ pub(crate) fn read_checkpoint(
     if digest != want_digest {
         return fail(footer_at, "state digest mismatch");
     }
-    Ok(CheckpointSummary { ts, next_table_id, entries, digest })
+    Ok(CheckpointSummary { ts, next_table_id, entries, digest, applied })
 }
 
 #[cfg(test)]
@@ -310,6 +331,18 @@ mod tests {
     }
 
     #[test]
+    fn applied_position_round_trips_in_the_header() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+        let mut w = CheckpointWriter::create(fs, dir.path(), 9, 2).expect("create");
+        w.set_applied(Some(LogPosition::new(41, 3)));
+        let path = w.finish().expect("finish").0;
+        let bytes = read_all(StdFs.open(&path, OpenMode::Read).expect("open").as_ref()).expect("read");
+        let summary = read_checkpoint(&bytes, &mut Collect::default()).expect("valid");
+        assert_eq!((summary.ts, summary.applied), (9, Some(LogPosition::new(41, 3))));
+    }
+
+    #[test]
     fn round_trip_and_every_flipped_byte_is_caught() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_sample(dir.path());
@@ -317,6 +350,7 @@ mod tests {
         let mut sink = Collect::default();
         let summary = read_checkpoint(&bytes, &mut sink).expect("valid");
         assert_eq!((summary.ts, summary.next_table_id, summary.entries), (7, 3, 1000));
+        assert_eq!(summary.applied, None);
         assert_eq!(sink.tables, vec![(1, "alpha".to_owned())]);
         // A flipped bit anywhere must be reported, never accepted.
         for offset in (0..bytes.len()).step_by(97) {
@@ -328,12 +362,5 @@ mod tests {
         for cut in [1, 10, 64, 1000, bytes.len() / 2, bytes.len() - 1] {
             assert!(read_checkpoint(&bytes[..cut], &mut Collect::default()).is_err(), "cut at {cut} accepted");
         }
-    }
-
-    #[test]
-    fn names_round_trip() {
-        assert_eq!(parse_checkpoint_name(&checkpoint_name(12345)), Some(12345));
-        assert_eq!(parse_checkpoint_name("checkpoint-1.kc"), None);
-        assert_eq!(parse_checkpoint_name("checkpoint-00000000000000000001.kc.tmp"), None);
     }
 }

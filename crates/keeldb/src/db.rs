@@ -3,36 +3,30 @@
 //! and close.
 //!
 //! `Inner` is the shared state every transaction and the background worker reach through an
-//! `Arc`. The commit path itself lives in `group_commit.rs`.
+//! `Arc`. The write path itself (sequencer, gather queue, WAL writer, publication, poison) is
+//! the [`Committer`] in `commit/`, which never calls back into this module.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::accounting::Accounting;
-use crate::checkpoint::CheckpointWriter;
+use crate::commit::{ApplyOutcome, Command, Committer, Published, Start};
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
+use crate::files::{IDENTITY_FILE, IDENTITY_MAGIC, LOCK_FILE};
 use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
-use crate::group_commit::{CommitState, Pipeline};
-use crate::index::{Catalog, KeyRange};
 use crate::options::{Durability, Isolation, Options};
 use crate::recovery::{self, RecoveryReport};
-use crate::registry::Registry;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
-use crate::wal::{self, WalWriter};
+use crate::types::LogPosition;
+use crate::wal::WalWriter;
 
-/// Name of the identity file that marks a directory as a KeelDB store.
-pub(crate) const IDENTITY_FILE: &str = "KEELDB";
-const IDENTITY_MAGIC: &[u8; 8] = b"KEELDB\0\0";
-const LOCK_FILE: &str = "LOCK";
-/// Tables whose names start with this prefix are the engine's own; `tables()` hides them.
-pub const RESERVED_TABLE_PREFIX: &str = "__keeldb/";
 const IDS_TABLE: &str = "__keeldb/ids";
 const ID_BLOCK: u64 = 4096;
 
@@ -134,76 +128,29 @@ pub struct Stats {
     pub history_bytes: u64,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub commits: AtomicU64,
-    pub batches: AtomicU64,
-    pub wal_syncs: AtomicU64,
-    pub wal_bytes_since_checkpoint: AtomicU64,
-}
-
-/// State for periodic durability: the earliest moment the WAL must be synced by.
-#[derive(Debug, Default)]
-pub(crate) struct SyncSchedule {
-    pub deadline: Mutex<Option<Instant>>,
-    pub wake: Condvar,
-    pub stop: AtomicBool,
-}
-
-impl SyncSchedule {
-    /// Asks for a WAL sync no later than `by`.
-    pub fn request(&self, by: Instant) {
-        let mut d = self.deadline.lock();
-        if d.is_none_or(|cur| by < cur) {
-            *d = Some(by);
-            self.wake.notify_one();
-        }
-    }
-    fn stop(&self) {
-        let _d = self.deadline.lock();
-        self.stop.store(true, Ordering::Release);
-        self.wake.notify_all();
-    }
-}
-
 /// Shared state of one open database.
 pub(crate) struct Inner {
     pub path: PathBuf,
     pub fs: Arc<dyn FileSystem>,
     pub options: Options,
-    /// Newest commit timestamp whose durability condition holds (and every earlier one's).
-    pub visible_ts: AtomicU64,
-    pub registry: Registry,
-    pub catalog: RwLock<Catalog>,
-    pub commit: Mutex<CommitState>,
-    pub pipeline: Pipeline,
-    pub wal: Mutex<WalWriter>,
-    /// Every WAL byte before this LSN is known to be on stable storage.
-    pub durable_lsn: AtomicU64,
-    /// The digest as of `visible_ts`; the leader holds the lock while applying a batch.
-    pub digest: Mutex<StateDigest>,
-    pub poisoned: Mutex<Option<String>>,
-    pub is_poisoned: AtomicBool,
-    pub closed: AtomicBool,
-    pub counters: Counters,
-    pub schedule: Arc<SyncSchedule>,
+    /// The write path; also owns what readers see ([`Published`]).
+    pub committer: Committer,
+    /// Retained checkpoints (timestamp, path), oldest first; held while one is written.
     pub checkpoint_lock: Mutex<Vec<(u64, PathBuf)>>,
     pub checkpoint_running: AtomicBool,
     /// The automatic checkpoint thread, if one was started; `close` joins it before it lets go
     /// of the directory lock.
     pub checkpoint_thread: Mutex<Option<JoinHandle<()>>>,
-    pub recovery: RecoveryReport,
-    pub worker: Mutex<Option<JoinHandle<()>>>,
-    pub ids: Mutex<IdBlock>,
+    recovery: RecoveryReport,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    ids: Mutex<IdBlock>,
     pub accounting: Mutex<Accounting>,
-    /// The change feed and waiters for new commits.
-    pub history: crate::history::History,
-    pub dir_lock: Mutex<Option<Box<dyn DirLock>>>,
+    dir_lock: Mutex<Option<Box<dyn DirLock>>>,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Database").field("path", &self.path).field("visible_ts", &self.visible_ts).finish()
+        f.debug_struct("Database").field("path", &self.path).field("visible_ts", &self.published().visible_ts).finish()
     }
 }
 
@@ -225,13 +172,7 @@ pub(crate) fn check_identity(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
     if !fs.exists(&ident).map_err(|e| not_a_dir(e, &ident))? {
         let names = fs.list_dir(dir).map_err(|e| not_a_dir(e, dir))?;
         // A crash during creation can leave the lock and an empty first segment behind.
-        let ours = |n: &String| {
-            n == LOCK_FILE
-                || n == crate::recovery::POISON_MARKER
-                || wal::parse_segment_name(n).is_some()
-                || n.ends_with(".tmp")
-        };
-        if names.iter().all(ours) {
+        if names.iter().all(|n| crate::files::is_creation_leftover(n)) {
             return Ok(false);
         }
         return Err(Error::NotAStore {
@@ -288,7 +229,7 @@ fn create_dir_durably(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
 /// directory). A crash before the rename leaves a directory that opens as new again.
 fn create_store(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()> {
     for name in fs.list_dir(dir).map_err(|e| Error::io(dir, e))? {
-        if wal::parse_segment_name(&name).is_some() || name.ends_with(".tmp") {
+        if crate::files::parse_segment_name(&name).is_some() || name.ends_with(crate::files::TMP_SUFFIX) {
             let p = dir.join(name);
             fs.remove_file(&p).map_err(|e| Error::io(&p, e))?;
         }
@@ -298,7 +239,7 @@ fn create_store(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()> {
     bytes.extend_from_slice(&crate::FORMAT_VERSION.to_le_bytes());
     let crc = crc32c::crc32c(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join(format!("{IDENTITY_FILE}.tmp"));
+    let tmp = dir.join(crate::files::tmp_name(IDENTITY_FILE));
     let f = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
     write_all_at(f.as_ref(), &bytes, 0).map_err(|e| Error::io(&tmp, e))?;
     f.sync_data().map_err(|e| Error::io(&tmp, e))?;
@@ -337,24 +278,20 @@ impl Database {
         }
         let rec = recovery::recover(&fs, &dir, options.wal_segment_bytes.max(4096))?;
         let (fs_for_acct, dir_for_acct) = (Arc::clone(&fs), dir.clone());
-        let end_lsn = rec.wal.end_lsn();
-        let commit = CommitState::new(rec.last_ts, end_lsn, &rec.state);
+        let start = Start {
+            last_ts: rec.last_ts,
+            wal: rec.wal,
+            catalog: rec.state.catalog,
+            digest: rec.state.digest,
+            live_tables: rec.state.live,
+            next_table_id: rec.state.next_table_id,
+            applied: rec.state.applied,
+        };
+        let committer = Committer::new(dir.clone(), Arc::clone(&fs), &options, start);
         let inner = Arc::new(Inner {
             path: dir,
             fs,
-            visible_ts: AtomicU64::new(rec.last_ts),
-            registry: Registry::default(),
-            catalog: RwLock::new(rec.state.catalog),
-            commit: Mutex::new(commit),
-            pipeline: Pipeline::default(),
-            wal: Mutex::new(rec.wal),
-            durable_lsn: AtomicU64::new(end_lsn),
-            digest: Mutex::new(rec.state.digest),
-            poisoned: Mutex::new(None),
-            is_poisoned: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            counters: Counters::default(),
-            schedule: Arc::new(SyncSchedule::default()),
+            committer,
             checkpoint_lock: Mutex::new(rec.checkpoints),
             checkpoint_running: AtomicBool::new(false),
             checkpoint_thread: Mutex::new(None),
@@ -362,21 +299,20 @@ impl Database {
             worker: Mutex::new(None),
             ids: Mutex::new(IdBlock::default()),
             accounting: Mutex::new(Accounting::load(fs_for_acct.as_ref(), &dir_for_acct).unwrap_or_default()),
-            history: crate::history::History::default(),
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
         if inner.options.keep_history {
-            let floor = inner.start_history();
+            let floor = inner.committer.start_history();
             // Cannot fail: nothing is registered yet and the floor is the visible timestamp.
-            let _ = inner.registry.set_floor(floor, &inner.visible_ts);
+            let _ = inner.published().registry.set_floor(floor, &inner.published().visible_ts);
         }
         if inner.options.background_threads {
             let weak = Arc::downgrade(&inner);
-            let schedule = Arc::clone(&inner.schedule);
+            let schedule = Arc::clone(&inner.committer.schedule);
             let handle = std::thread::Builder::new()
                 .name("keeldb-worker".into())
-                .spawn(move || worker_loop(weak, schedule))
+                .spawn(move || crate::maintenance::worker_loop(weak, schedule))
                 .map_err(|e| Error::io(&inner.path, e))?;
             *inner.worker.lock() = Some(handle);
         }
@@ -498,24 +434,29 @@ impl Database {
     /// freed (the floor only moves forward), [`Error::FutureTimestamp`] above the newest commit.
     pub fn retain_history_since(&self, ts: u64) -> Result<u64> {
         self.inner.check_open()?;
-        let floor = self.inner.registry.set_floor(ts, &self.inner.visible_ts).map_err(|e| at_error(ts, e))?;
-        if self.inner.history.is_recording() {
-            self.inner.history.trim_through(floor);
+        let floor = self
+            .inner
+            .published()
+            .registry
+            .set_floor(ts, &self.inner.published().visible_ts)
+            .map_err(|e| at_error(ts, e))?;
+        if self.inner.published().history.is_recording() {
+            self.inner.published().history.trim_through(floor);
         } else {
-            self.inner.start_history();
+            self.inner.committer.start_history();
         }
         Ok(floor)
     }
 
     /// Stops keeping history: versions no live snapshot reads are freed, the feed is dropped.
     pub fn discard_history(&self) {
-        self.inner.registry.clear_floor();
-        self.inner.history.stop();
+        self.inner.published().registry.clear_floor();
+        self.inner.published().history.stop();
     }
 
     /// The history floor (see [`Database::retain_history_since`]), if history is kept.
     pub fn history_floor(&self) -> Option<u64> {
-        self.inner.registry.floor()
+        self.inner.published().registry.floor()
     }
 
     /// Up to `max` changes (whole commits where possible) of the commits after timestamp
@@ -525,16 +466,20 @@ impl Database {
     /// feed, [`Error::FutureTimestamp`] when it is newer than the newest visible commit.
     pub fn changes_since(&self, after: u64, max: usize) -> Result<Vec<crate::history::Change>> {
         self.inner.check_open()?;
-        let latest = self.inner.visible_ts.load(Ordering::Acquire);
+        let latest = self.inner.published().visible_ts();
         if after > latest {
             return Err(Error::FutureTimestamp { requested: after, latest });
         }
-        if !self.inner.history.is_recording() {
+        if !self.inner.published().history.is_recording() {
             return Err(Error::InvalidArgument(
                 "no history is kept: set Options::keep_history or call retain_history_since".into(),
             ));
         }
-        self.inner.history.since(after, max).map_err(|start| Error::Compacted { requested: after, available: start })
+        self.inner
+            .published()
+            .history
+            .since(after, max)
+            .map_err(|start| Error::Compacted { requested: after, available: start })
     }
 
     /// A future that completes with the newest visible commit timestamp once it is greater
@@ -546,7 +491,7 @@ impl Database {
     /// Blocks until a commit newer than `after` is visible or `timeout` passes; returns the
     /// newest visible commit timestamp either way.
     pub fn wait_for_commit_after_timeout(&self, after: u64, timeout: Duration) -> u64 {
-        self.inner.history.wait_blocking(&self.inner.visible_ts, after, timeout)
+        self.inner.published().history.wait_blocking(&self.inner.published().visible_ts, after, timeout)
     }
 
     /// Writes a checkpoint of the newest visible state now, then deletes WAL no longer needed.
@@ -565,9 +510,44 @@ impl Database {
         self.inner.stats()
     }
 
+    /// Applies commands from a replicated log, in the order given, as one group: one WAL
+    /// write for all of them (and one fdatasync under `sync`), each with its own commit
+    /// timestamp, through the same pipeline as transactions. Each command's conditions are
+    /// evaluated against the state produced by every commit before it, so every replica that
+    /// applies the same log reaches the same state and outcomes; a command whose condition
+    /// fails writes nothing but its position. Positions must increase (across calls too): a
+    /// position at or before the last applied one is an `InvalidArgument` and writes nothing.
+    /// Uses the database's default durability; see [`Database::apply_batch_with`].
+    ///
+    /// Determinism assumes the log is the store's only writer: transactions committed
+    /// concurrently are ordered among the commands by arrival.
+    pub fn apply_batch(&self, commands: Vec<(LogPosition, Command)>) -> Vec<Result<ApplyOutcome>> {
+        self.apply_batch_with(self.inner.options.durability, commands)
+    }
+
+    /// [`Database::apply_batch`] with a durability for this group. A replicated state machine
+    /// whose log store already syncs typically uses [`Durability::Relaxed`].
+    pub fn apply_batch_with(
+        &self,
+        durability: Durability,
+        commands: Vec<(LogPosition, Command)>,
+    ) -> Vec<Result<ApplyOutcome>> {
+        let check = || self.inner.check_open().and_then(|()| durability.validate());
+        if check().is_err() {
+            return commands.iter().map(|_| Err(check().err().unwrap_or(Error::Closed))).collect();
+        }
+        self.inner.committer.apply_commands(commands, durability)
+    }
+
+    /// The replicated-log position of the last command applied and visible (after open: the
+    /// last one whose writes were recovered), or `None` if no command was ever applied.
+    pub fn applied(&self) -> Option<LogPosition> {
+        *self.inner.published().applied.lock()
+    }
+
     /// The state digest at the newest visible commit.
     pub fn digest(&self) -> StateDigest {
-        *self.inner.digest.lock()
+        *self.inner.published().digest.lock()
     }
 
     /// Flushes the WAL (writing a clean-close mark), stops background work and releases the
@@ -599,146 +579,19 @@ pub fn conflict_backoff(attempt: u32) {
 }
 
 impl Inner {
+    /// The state readers see.
+    pub(crate) fn published(&self) -> &Published {
+        &self.committer.published
+    }
+
     pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        self.check_open()?;
-        if self.is_poisoned.load(Ordering::Acquire) {
-            let why = self.poisoned.lock().clone().unwrap_or_default();
-            return Err(Error::Poisoned(why));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn poison(&self, why: String) {
-        let mut p = self.poisoned.lock();
-        if p.is_none() {
-            // Best effort: tells the next open that the page cache may not match the disk.
-            // It records the durable LSN: every WAL byte below it was synced by an fdatasync
-            // that succeeded, so recovery never needs to rewrite (and risk) those bytes.
-            let marker = self.path.join(crate::recovery::POISON_MARKER);
-            if let Ok(f) = self.fs.open(&marker, OpenMode::CreateNew) {
-                let durable = self.durable_lsn.load(Ordering::Acquire);
-                let _ = write_all_at(f.as_ref(), format!("durable_lsn {durable}\n{why}\n").as_bytes(), 0);
-            }
-            *p = Some(why);
-        }
-        self.is_poisoned.store(true, Ordering::Release);
-    }
-
-    /// fdatasyncs the WAL up to what has been written, outside the WAL lock.
-    pub(crate) fn sync_wal(&self) -> Result<()> {
-        let (file, end, path) = {
-            let wal = self.wal.lock();
-            (wal.file(), wal.end_lsn(), wal.current().path.clone())
-        };
-        if self.durable_lsn.load(Ordering::Acquire) >= end {
-            return Ok(());
-        }
-        match file.sync_data() {
-            Ok(()) => {
-                self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
-                self.durable_lsn.fetch_max(end, Ordering::AcqRel);
-                Ok(())
-            }
-            Err(e) => {
-                let err = Error::io(path, e);
-                self.poison(err.to_string());
-                Err(err)
-            }
-        }
-    }
-
-    pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo> {
-        let mut retained = self.checkpoint_lock.lock();
-        // A poisoned WAL may end in a fragment or a hole the kernel dropped after a failed
-        // fsync; sealing it (or deleting WAL on the strength of a new checkpoint) would turn a
-        // torn tail into corruption of a sealed segment.
-        self.check_writable()?;
-        // Seal the current segment so that the WAL up to here can be deleted later.
-        {
-            let mut wal = self.wal.lock();
-            if wal.end_lsn() > wal.current().start_lsn {
-                if let Err(e) = wal.roll() {
-                    self.poison(e.to_string());
-                    return Err(e);
-                }
-            }
-        }
-        let (snap, expected) = {
-            let digest = self.digest.lock();
-            (self.registry.acquire(&self.visible_ts), *digest)
-        };
-        let release = scopeguard(|| self.registry.release(snap));
-        if retained.last().is_some_and(|(ts, _)| *ts == snap) {
-            drop(release);
-            let (ts, path) = retained.last().cloned().unwrap_or_default();
-            let bytes = self.fs.open(&path, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0);
-            return Ok(CheckpointInfo { ts, path, bytes, entries: 0, segments_removed: 0 });
-        }
-        let tables = {
-            let catalog = self.catalog.read();
-            let mut ts: Vec<_> = catalog.all().into_iter().filter(|t| t.visible_at(snap)).collect();
-            ts.sort_by_key(|t| t.id);
-            ts
-        };
-        let next_id = tables.iter().map(|t| t.id + 1).max().unwrap_or(1);
-        let mut writer = CheckpointWriter::create(Arc::clone(&self.fs), &self.path, snap, next_id)?;
-        let mut entries = 0u64;
-        for t in &tables {
-            writer.table(t.id, &t.name)?;
-            let mut range = KeyRange { start: std::ops::Bound::Unbounded, end: std::ops::Bound::Unbounded };
-            loop {
-                let (chunk, more) = t.data.read().scan_chunk(&range, false, snap, 1024);
-                for (k, v) in &chunk {
-                    writer.entry(t.id, k, v)?;
-                    entries += 1;
-                }
-                match chunk.last() {
-                    Some((k, _)) if more => range.start = std::ops::Bound::Excluded(k.clone()),
-                    _ => break,
-                }
-            }
-        }
-        if writer.digest() != expected {
-            return Err(Error::corruption(
-                &self.path,
-                0,
-                format!(
-                    "checkpoint digest {} differs from the maintained digest {expected} at ts {snap}",
-                    writer.digest()
-                ),
-            ));
-        }
-        let (path, bytes) = writer.finish()?;
-        drop(release);
-        self.counters.wal_bytes_since_checkpoint.store(0, Ordering::Relaxed);
-        retained.push((snap, path.clone()));
-        // Keep this checkpoint and the previous one; the WAL the previous one needs stays too,
-        // so a corrupt newest checkpoint can fall back to the older one plus the log.
-        let mut segments_removed = 0;
-        while retained.len() > 2 {
-            let (_, old) = retained.remove(0);
-            self.fs.remove_file(&old).map_err(|e| Error::io(&old, e))?;
-        }
-        if let Some((oldest_ts, _)) = retained.first() {
-            if retained.len() == 2 {
-                segments_removed = self.wal.lock().remove_sealed_through(*oldest_ts)?;
-            }
-        }
-        self.fs.sync_dir(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        self.save_accounting();
-        Ok(CheckpointInfo { ts: snap, path, bytes, entries, segments_removed })
+        self.committer.check_open()
     }
 
     fn stats(&self) -> Stats {
-        let snap = self.visible_ts.load(Ordering::Acquire);
-        let tables = self
+        let view = self.published();
+        let snap = view.visible_ts();
+        let tables = view
             .catalog
             .read()
             .live()
@@ -748,12 +601,10 @@ impl Inner {
                 TableStats { name: t.name.to_string(), keys: d.live_keys(), bytes: d.live_bytes() }
             })
             .collect();
-        let (wal_bytes, wal_segments) = {
-            let wal = self.wal.lock();
-            (wal.total_bytes(), wal.sealed().len() as u64 + 1)
-        };
+        let (wal_bytes, wal_segments) = self.committer.wal_size();
+        let counters = &self.committer.counters;
         let retained = self.checkpoint_lock.lock().clone();
-        let history = self.history.footprint();
+        let history = self.published().history.footprint();
         let checkpoint_bytes =
             retained.iter().map(|(_, p)| self.fs.open(p, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0)).sum();
         Stats {
@@ -763,37 +614,24 @@ impl Inner {
             checkpoint_bytes,
             checkpoint_ts: retained.last().map(|(ts, _)| *ts),
             last_commit_ts: snap,
-            commits: self.counters.commits.load(Ordering::Relaxed),
-            batches: self.counters.batches.load(Ordering::Relaxed),
-            wal_syncs: self.counters.wal_syncs.load(Ordering::Relaxed),
-            digest: *self.digest.lock(),
+            commits: counters.commits.load(Ordering::Relaxed),
+            batches: counters.batches.load(Ordering::Relaxed),
+            wal_syncs: counters.wal_syncs.load(Ordering::Relaxed),
+            digest: *view.digest.lock(),
             recovery: self.recovery.clone(),
             accounting: self.accounting.lock().snapshot(),
             thread_cpu_clock: crate::cpu::thread_cpu_supported(),
-            history_floor: self.registry.floor(),
+            history_floor: self.published().registry.floor(),
             history_changes: history.1 as u64,
             history_bytes: history.2 as u64,
         }
     }
 
-    /// Collects versions and dropped tables no snapshot can see any more, a bounded chunk per
-    /// table per call so the write lock is held only briefly.
-    pub(crate) fn collect_garbage(&self) {
-        let horizon = self.registry.horizon(&self.visible_ts);
-        let tables = self.catalog.read().all();
-        for t in tables {
-            if t.data.read().pending_gc() > 0 {
-                t.data.write().collect(horizon, 4096);
-            }
-        }
-        self.catalog.write().collect(horizon);
-    }
-
     fn shutdown(&self) -> Result<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.committer.close() {
             return Err(Error::Closed);
         }
-        self.schedule.stop();
+        self.committer.schedule.stop();
         // Every thread of this handle stops touching the directory before the lock goes: first
         // the worker (so it starts no new checkpoint), then the checkpoint thread it started,
         // then any checkpoint a caller is running on another clone (it holds `checkpoint_lock`
@@ -809,12 +647,11 @@ impl Inner {
         }
         let _no_checkpoint = self.checkpoint_lock.lock();
         // Waiters for new commits learn that none will come.
-        self.history.notify();
+        self.published().history.notify();
         // A poisoned database cannot make its unsynced commits durable: say so.
-        let result = if self.is_poisoned.load(Ordering::Acquire) {
-            Err(Error::Poisoned(self.poisoned.lock().clone().unwrap_or_default()))
-        } else {
-            self.write_close_mark()
+        let result = match self.committer.poison_reason() {
+            Some(why) => Err(Error::Poisoned(why.to_string())),
+            None => self.committer.write_close_mark(),
         };
         self.save_accounting();
         // Release the directory last, even if transactions or clones still hold this handle.
@@ -823,124 +660,19 @@ impl Inner {
     }
 
     /// Saves the accounting totals; best effort (they are informational).
-    fn save_accounting(&self) {
+    pub(crate) fn save_accounting(&self) {
         let acct = self.accounting.lock();
         let _ = acct.save(self.fs.as_ref(), &self.path);
-    }
-
-    /// Waits for the commit pipeline to drain, makes every frame durable, then writes a mark
-    /// frame carrying the digest and syncs it: after a clean close every acknowledged commit is
-    /// durable whatever its mode. The mark claims every byte before it durable, which is true
-    /// because the first fdatasync returned before the mark was encoded; so damage to any
-    /// commit of a cleanly closed store is reported as corruption, never cut off as a torn tail
-    /// (a `relaxed` store's frames are otherwise claimed by nothing).
-    fn write_close_mark(&self) -> Result<()> {
-        let mut cs = self.commit.lock();
-        while !self.pipeline.is_idle(cs.next_batch) {
-            drop(cs);
-            std::thread::sleep(Duration::from_micros(200));
-            cs = self.commit.lock();
-        }
-        let digest = *self.digest.lock();
-        let payload = wal::mark_payload(digest.0);
-        let lsn = cs.next_lsn;
-        let last_ts = cs.last_ts;
-        let mut wal = self.wal.lock();
-        let res = wal.sync().and_then(|()| {
-            self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
-            self.durable_lsn.fetch_max(lsn, Ordering::AcqRel);
-            let mut frame = Vec::with_capacity(wal::frame_bytes(payload.len()));
-            wal::encode_frame(&mut frame, lsn, lsn, last_ts, &payload, crc32c::crc32c(&payload));
-            wal.append(&frame, lsn, last_ts)?;
-            cs.next_lsn += frame.len() as u64;
-            wal.sync()?;
-            let marker = crate::close_marker::CloseMarker { end_lsn: cs.next_lsn, last_ts, digest: digest.0 };
-            crate::close_marker::write(self.fs.as_ref(), &self.path, &marker)
-        });
-        if let Err(e) = &res {
-            self.poison(e.to_string());
-        }
-        res
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Closing without `close()`: still make relaxed and periodic commits durable.
-        self.schedule.stop();
-        if !self.closed.swap(true, Ordering::AcqRel) && !self.is_poisoned.load(Ordering::Acquire) {
-            let _ = self.write_close_mark();
+        self.committer.schedule.stop();
+        if !self.committer.close() && !self.committer.is_poisoned() {
+            let _ = self.committer.write_close_mark();
             self.save_accounting();
-        }
-    }
-}
-
-struct Guard<F: FnOnce()>(Option<F>);
-impl<F: FnOnce()> Drop for Guard<F> {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            f();
-        }
-    }
-}
-fn scopeguard<F: FnOnce()>(f: F) -> Guard<F> {
-    Guard(Some(f))
-}
-
-/// The background worker: periodic fdatasync by deadline, automatic checkpoints by WAL volume,
-/// and version collection. It sleeps on the schedule without holding the database, and holds a
-/// strong reference only while working, so dropping the database ends it promptly.
-fn worker_loop(weak: Weak<Inner>, schedule: Arc<SyncSchedule>) {
-    let mut last_gc = Instant::now();
-    loop {
-        let due = {
-            let mut deadline = schedule.deadline.lock();
-            let tick = Instant::now() + Duration::from_millis(20);
-            let until = deadline.map_or(tick, |d| d.min(tick));
-            if until > Instant::now() && !schedule.stop.load(Ordering::Acquire) {
-                schedule.wake.wait_until(&mut deadline, until);
-            }
-            let due = deadline.is_some_and(|d| d <= Instant::now());
-            if due {
-                *deadline = None;
-            }
-            due
-        };
-        if schedule.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(db) = weak.upgrade() else { return };
-        if due {
-            let _ = db.sync_wal();
-        }
-        let threshold = db.options.checkpoint_wal_bytes;
-        let wal_bytes = db.counters.wal_bytes_since_checkpoint.load(Ordering::Relaxed);
-        if threshold > 0
-            && wal_bytes >= threshold
-            && !db.is_poisoned.load(Ordering::Acquire)
-            && !db.checkpoint_running.swap(true, Ordering::AcqRel)
-        {
-            // On its own thread, so a long checkpoint never delays a periodic fdatasync.
-            let weak_ckpt = Weak::clone(&weak);
-            let spawned = std::thread::Builder::new().name("keeldb-checkpoint".into()).spawn(move || {
-                if let Some(db) = weak_ckpt.upgrade() {
-                    if !db.closed.load(Ordering::Acquire) {
-                        let _ = db.checkpoint();
-                    }
-                    db.checkpoint_running.store(false, Ordering::Release);
-                }
-            });
-            match spawned {
-                // Kept so that `close` can wait for it: the directory lock must outlive every
-                // thread that touches the directory.
-                Ok(handle) => *db.checkpoint_thread.lock() = Some(handle),
-                Err(_) => db.checkpoint_running.store(false, Ordering::Release),
-            }
-        }
-        if last_gc.elapsed() >= Duration::from_millis(50) {
-            db.collect_garbage();
-            db.commit.lock().trim(&db.registry, &db.visible_ts);
-            last_gc = Instant::now();
         }
     }
 }

@@ -46,8 +46,15 @@ pub enum Error {
     },
     /// Another writer committed a conflicting change first (write-write, or under
     /// `serializable` a write to something this transaction read). Retrying may succeed.
-    #[error("transaction conflict: {0}")]
-    Conflict(String),
+    #[error("transaction conflict: {}", describe_conflict(table, key.as_deref(), *reason))]
+    Conflict {
+        /// The table where the conflict was found.
+        table: String,
+        /// The key, when the conflict is about one key (not a whole table).
+        key: Option<Vec<u8>>,
+        /// What the concurrent commit did.
+        reason: ConflictReason,
+    },
     /// An earlier write or fsync failed; the database refuses writes until it is reopened.
     #[error("database is poisoned by an earlier I/O failure ({0}); reopen it to recover")]
     Poisoned(String),
@@ -142,6 +149,70 @@ impl Error {
 
     /// True for errors that a retry of the same transaction may cure.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Conflict(_))
+        matches!(self, Error::Conflict { .. })
+    }
+}
+
+/// Why a commit conflicted, in [`Error::Conflict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConflictReason {
+    /// A key this transaction writes was written by a commit after its snapshot.
+    KeyWritten,
+    /// The table was dropped by a commit after this transaction's snapshot.
+    TableDropped,
+    /// This transaction drops a table that a commit after its snapshot wrote to.
+    TableWritten,
+    /// (Serializable) a key or range this transaction read was changed after its snapshot.
+    ReadChanged,
+    /// (Log apply) a condition the command carries did not hold against the state in log order.
+    ConditionFailed,
+}
+
+/// A key for messages: quoted text when it is short UTF-8, otherwise hex (first 32 bytes).
+pub(crate) fn show_key(k: &[u8]) -> String {
+    match std::str::from_utf8(k) {
+        Ok(s) if s.len() <= 64 => format!("{s:?}"),
+        _ => format!("0x{}", k.iter().take(32).map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+}
+
+fn describe_conflict(table: &str, key: Option<&[u8]>, reason: ConflictReason) -> String {
+    let key = key.map(show_key);
+    match (reason, key) {
+        (ConflictReason::KeyWritten, Some(k)) => {
+            format!("key {k} in table {table:?} was written by a concurrent commit")
+        }
+        (ConflictReason::ReadChanged, Some(k)) => {
+            format!("key {k} read from table {table:?} was changed by a concurrent commit")
+        }
+        (ConflictReason::ReadChanged, None) => {
+            format!("data read from table {table:?} was changed by a concurrent commit")
+        }
+        (ConflictReason::TableDropped, _) => format!("table {table:?} was dropped by a concurrent commit"),
+        (ConflictReason::TableWritten, _) => format!("table {table:?} was written by a concurrent commit"),
+        (ConflictReason::ConditionFailed, Some(k)) => {
+            format!("condition on key {k} in table {table:?} did not hold")
+        }
+        (ConflictReason::ConditionFailed, None) => format!("condition on table {table:?} did not hold"),
+        (_, _) => format!("table {table:?} was changed by a concurrent commit"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflict_messages_name_table_and_key() {
+        let e =
+            Error::Conflict { table: "users".into(), key: Some(b"alice".to_vec()), reason: ConflictReason::KeyWritten };
+        assert_eq!(
+            e.to_string(),
+            "transaction conflict: key \"alice\" in table \"users\" was written by a concurrent commit"
+        );
+        let e = Error::Conflict { table: "t".into(), key: Some(vec![0xff; 40]), reason: ConflictReason::ReadChanged };
+        assert!(e.to_string().contains("0xffff"), "{e}");
+        assert!(e.is_retryable());
     }
 }

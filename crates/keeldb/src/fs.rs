@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 /// An open file. Positional I/O only: the engine tracks its own offsets, so one handle can
 /// be shared by the WAL writer and a background syncer without a seek race.
+// `len` is a fallible query of the file's size, not a collection's; `is_empty` would add nothing.
+#[allow(clippy::len_without_is_empty)]
 pub trait FileHandle: Send + Sync + fmt::Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at end).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;

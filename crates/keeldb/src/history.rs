@@ -193,16 +193,17 @@ impl std::future::Future for CommitWait {
     type Output = crate::Result<u64>;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let now = self.db.visible_ts.load(Ordering::Acquire);
+        let view = self.db.published();
+        let now = view.visible_ts();
         if now > self.after {
             return Poll::Ready(Ok(now));
         }
         if let Err(e) = self.db.check_open() {
             return Poll::Ready(Err(e));
         }
-        self.db.history.register(cx.waker());
+        view.history.register(cx.waker());
         // Checked again after registering, so a commit published in between is not missed.
-        let now = self.db.visible_ts.load(Ordering::Acquire);
+        let now = view.visible_ts();
         if now > self.after {
             return Poll::Ready(Ok(now));
         }

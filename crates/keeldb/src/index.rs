@@ -133,8 +133,10 @@ impl Version {
     }
 }
 
-/// The hash map used throughout the engine (foldhash: fast, randomly seeded per map).
-pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) use crate::types::FastMap;
+
+/// Copied-out `(key, value)` pairs, in scan order.
+pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// A key and the head of its version chain. Free slots have an empty key and no value.
 #[derive(Debug)]
@@ -279,13 +281,7 @@ impl TableData {
 
     /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
     /// Returns the entries and whether the range may hold more.
-    pub fn scan_chunk(
-        &self,
-        range: &KeyRange,
-        reverse: bool,
-        snapshot: u64,
-        limit: usize,
-    ) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+    pub fn scan_chunk(&self, range: &KeyRange, reverse: bool, snapshot: u64, limit: usize) -> (Entries, bool) {
         let mut out = Vec::new();
         if range.is_empty() {
             return (out, false);
@@ -460,7 +456,7 @@ impl Catalog {
         let mut names: Vec<String> = self
             .by_id
             .values()
-            .filter(|t| t.visible_at(snapshot) && !t.name.starts_with(crate::db::RESERVED_TABLE_PREFIX))
+            .filter(|t| t.visible_at(snapshot) && !crate::types::is_reserved(&t.name))
             .map(|t| t.name.to_string())
             .collect();
         names.sort();

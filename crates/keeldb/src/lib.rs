@@ -26,33 +26,39 @@ mod accounting;
 mod checkpoint;
 mod close_marker;
 mod codec;
+mod commit;
 mod cpu;
 mod db;
 mod digest;
 mod error;
+mod files;
 pub mod fs;
 #[doc(hidden)]
 pub mod fuzz_api;
 pub mod graph;
-mod group_commit;
 mod history;
 mod index;
+mod maintenance;
 mod options;
 mod recovery;
 mod registry;
+mod scan;
 mod txn;
+mod types;
 mod verify;
 mod wal;
 
+pub use commit::{ApplyOutcome, Command, Condition};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
-pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
+pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions};
 pub use digest::StateDigest;
-pub use error::{Error, Location, Result};
+pub use error::{ConflictReason, Error, Location, Result};
 pub use graph::{Graph, GraphError};
 pub use history::{Change, ChangeKind, CommitWait};
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
-pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
+pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
+pub use types::{LogPosition, RESERVED_TABLE_PREFIX};
 pub use verify::{verify, VerifyReport};
 
 /// The README's example, compiled and run as a doctest so it cannot drift from the API.

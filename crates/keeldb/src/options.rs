@@ -13,6 +13,37 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest table name, in bytes of UTF-8.
 pub const MAX_TABLE_NAME_BYTES: usize = 255;
 
+/// Checks a table name against the limits (1..=255 bytes).
+pub(crate) fn check_table_name(name: &str) -> crate::Result<()> {
+    if name.is_empty() {
+        return Err(crate::Error::InvalidArgument("table name must not be empty".into()));
+    }
+    if name.len() > MAX_TABLE_NAME_BYTES {
+        return Err(crate::Error::LimitExceeded {
+            what: "table name",
+            actual: name.len(),
+            limit: MAX_TABLE_NAME_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a key against [`MAX_KEY_BYTES`].
+pub(crate) fn check_key(key: &[u8]) -> crate::Result<()> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(crate::Error::LimitExceeded { what: "key", actual: key.len(), limit: MAX_KEY_BYTES });
+    }
+    Ok(())
+}
+
+/// Checks a value against [`MAX_VALUE_BYTES`].
+pub(crate) fn check_value(value: &[u8]) -> crate::Result<()> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(crate::Error::LimitExceeded { what: "value", actual: value.len(), limit: MAX_VALUE_BYTES });
+    }
+    Ok(())
+}
+
 /// When `commit()` returns, and what a crash can take away. See `docs/GUARANTEES.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {

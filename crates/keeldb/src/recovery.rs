@@ -21,15 +21,10 @@ use crate::wal::{
     self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter,
 };
 
-/// Written (best effort, not synced) when a write or fsync fails and the database is
-/// poisoned, holding the durable LSN at that moment. Its presence at the next open means the
-/// page cache may hold WAL bytes that never reached the disk (fsyncgate), so recovery rewrites
-/// the WAL tail past both that LSN and every durable claim before syncing it: only bytes whose
-/// durability was never confirmed are rewritten.
-pub(crate) const POISON_MARKER: &str = "POISONED";
-
-/// Name of the append-only audit trail of recoveries.
-pub(crate) const RECOVERY_LOG: &str = "recovery.log";
+// The poison marker: when present at open, recovery rewrites the WAL tail past both its LSN
+// and every durable claim before syncing it, so only bytes whose durability was never
+// confirmed are rewritten.
+use crate::files::{CORRUPT_SUFFIX, POISON_MARKER, RECOVERY_LOG};
 
 /// What recovery found and did when a store was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -128,9 +123,11 @@ impl RecoveryReport {
 #[derive(Debug, Default)]
 pub(crate) struct StateBuilder {
     pub catalog: Catalog,
-    pub live: crate::index::FastMap<Arc<str>, u32>,
+    pub live: crate::types::FastMap<Arc<str>, u32>,
     pub next_table_id: u32,
     pub digest: StateDigest,
+    /// The replicated-log position of the last applied command (checkpoint, then WAL).
+    pub applied: Option<crate::types::LogPosition>,
 }
 
 impl CheckpointSink for StateBuilder {
@@ -212,13 +209,16 @@ fn list_sorted<T: Ord + Copy>(names: &[String], parse: impl Fn(&str) -> Option<T
     out
 }
 
+/// The loaded state and its timestamp, the valid checkpoints (timestamp, path) and the corrupt ones.
+type LoadedCheckpoint = (StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>);
+
 /// Loads the newest checkpoint that verifies. Returns it (or an empty state) and the skipped ones.
 fn load_checkpoint(
     fs: &dyn FileSystem,
     dir: &Path,
     names: &[String],
     report: &mut RecoveryReport,
-) -> Result<(StateBuilder, u64, Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+) -> Result<LoadedCheckpoint> {
     let mut valid = Vec::new();
     let mut corrupt = Vec::new();
     let mut chosen: Option<(StateBuilder, u64)> = None;
@@ -235,6 +235,7 @@ fn load_checkpoint(
         match read_checkpoint(&bytes, &mut state) {
             Ok(summary) if summary.ts == ts => {
                 state.next_table_id = state.next_table_id.max(summary.next_table_id);
+                state.applied = summary.applied;
                 report.checkpoint = Some((path.clone(), ts));
                 valid.push((ts, path));
                 chosen = Some((state, ts));
@@ -364,6 +365,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
                 for op in &rec.ops {
                     state.apply(op, ts).map_err(|why| Error::corruption(&path, frame.offset, why))?;
                 }
+                if rec.position.is_some() {
+                    state.applied = rec.position;
+                }
                 report.frames_replayed += 1;
                 report.bytes_replayed += frame.payload.len() as u64;
                 last_ts = ts;
@@ -474,11 +478,11 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
     }
     for path in &a.corrupt_checkpoints {
         let mut aside = path.clone().into_os_string();
-        aside.push(".corrupt");
+        aside.push(CORRUPT_SUFFIX);
         fs.rename(path, Path::new(&aside)).map_err(|e| Error::io(path, e))?;
     }
     for name in fs.list_dir(dir).map_err(|e| Error::io(dir, e))? {
-        if name.starts_with("checkpoint-") && name.ends_with(".kc.tmp") {
+        if crate::files::is_checkpoint_tmp(&name) {
             let p = dir.join(&name);
             fs.remove_file(&p).map_err(|e| Error::io(&p, e))?;
         }

@@ -60,7 +60,13 @@ impl Registry {
         Ok(ts)
     }
 
-    /// Releases a snapshot taken by [`Registry::acquire`] or [`Registry::acquire_at`].
+    /// Registers one more holder of `ts`, which the caller already holds (so the horizon is at
+    /// or below it and cannot move back). Released with [`Registry::release`].
+    pub fn pin(&self, ts: u64) {
+        *self.held.lock().snapshots.entry(ts).or_insert(0) += 1;
+    }
+
+    /// Releases a snapshot taken by [`Registry::acquire`] or [`Registry::pin`] or [`Registry::acquire_at`].
     pub fn release(&self, ts: u64) {
         let mut held = self.held.lock();
         if let Some(count) = held.snapshots.get_mut(&ts) {

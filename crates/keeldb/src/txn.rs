@@ -5,19 +5,20 @@
 //! set (reads see them first: read-your-own-writes) and hands the set to group commit, which
 //! validates, logs and applies it. Nothing here touches the WAL or mutates the index.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::ops::Bound;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use crate::accounting::Ending;
+use crate::commit::{AsyncCommit, CommitRequest, ReadItem, TableWrites};
 use crate::cpu::MeterCell;
 use crate::db::Inner;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
-
-/// How many entries a scan copies out of the index per lock acquisition.
-const SCAN_CHUNK: usize = 256;
+pub use crate::scan::{Scan, ScanRange};
 
 /// The result of a successful commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,11 @@ pub(crate) struct Accounted {
 }
 
 impl Accounted {
+    /// Nothing to measure or record: what a transaction keeps after handing its accounting on.
+    fn handed_on() -> Accounted {
+        Accounted { meter: MeterCell::new(None, None, false), tag: None, recorded: true }
+    }
+
     fn new(
         db: &Inner,
         tag: Option<Arc<str>>,
@@ -80,80 +86,6 @@ impl Accounted {
     }
 }
 
-/// Bounds for a range scan: an optional inclusive start, exclusive end and prefix (all must
-/// hold), in forward or reverse key order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScanRange {
-    start: Option<Vec<u8>>,
-    end: Option<Vec<u8>>,
-    prefix: Option<Vec<u8>>,
-    reverse: bool,
-}
-
-impl ScanRange {
-    /// Every key of the table.
-    pub fn all() -> Self {
-        ScanRange::default()
-    }
-    /// Keys starting with `prefix`.
-    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
-        ScanRange { prefix: Some(prefix.into()), ..ScanRange::default() }
-    }
-    /// Keys `>= start`.
-    pub fn start(mut self, start: impl Into<Vec<u8>>) -> Self {
-        self.start = Some(start.into());
-        self
-    }
-    /// Keys `< end`.
-    pub fn end(mut self, end: impl Into<Vec<u8>>) -> Self {
-        self.end = Some(end.into());
-        self
-    }
-    /// Also require `prefix`.
-    pub fn with_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
-        self.prefix = Some(prefix.into());
-        self
-    }
-    /// Descending key order.
-    pub fn reverse(mut self) -> Self {
-        self.reverse = true;
-        self
-    }
-
-    pub(crate) fn is_reverse(&self) -> bool {
-        self.reverse
-    }
-
-    /// The key interval this range denotes.
-    pub(crate) fn resolve(&self) -> KeyRange {
-        let mut start = self.start.clone().map_or(Bound::Unbounded, Bound::Included);
-        let mut end = self.end.clone().map_or(Bound::Unbounded, Bound::Excluded);
-        if let Some(p) = &self.prefix {
-            if self.start.as_ref().is_none_or(|s| s < p) {
-                start = Bound::Included(p.clone());
-            }
-            if let Some(succ) = prefix_successor(p) {
-                if self.end.as_ref().is_none_or(|e| *e > succ) {
-                    end = Bound::Excluded(succ);
-                }
-            }
-        }
-        KeyRange { start, end }
-    }
-}
-
-/// The smallest key greater than every key with this prefix, if one exists.
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut succ = prefix.to_vec();
-    while let Some(last) = succ.pop() {
-        if last < 0xff {
-            succ.push(last + 1);
-            return Some(succ);
-        }
-    }
-    None
-}
-
 pub(crate) fn check_table_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidArgument("table name must not be empty".into()));
@@ -167,7 +99,7 @@ pub(crate) fn check_table_name(name: &str) -> Result<()> {
 /// A table name the public write API accepts: valid, and not the engine's own.
 fn check_public_table(name: &str) -> Result<()> {
     check_table_name(name)?;
-    if name.starts_with(crate::db::RESERVED_TABLE_PREFIX) {
+    if name.starts_with(crate::types::RESERVED_TABLE_PREFIX) {
         return Err(Error::ReservedTable(name.to_owned()));
     }
     Ok(())
@@ -190,40 +122,49 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     pub fn take(db: &Arc<Inner>) -> Result<Snapshot> {
         db.check_open()?;
-        let ts = db.registry.acquire(&db.visible_ts);
+        let ts = db.published().acquire();
         Ok(Snapshot { db: Arc::clone(db), ts })
     }
 
     /// A snapshot at a past (or the current) commit timestamp, refused below the horizon.
     pub fn take_at(db: &Arc<Inner>, ts: u64) -> Result<Snapshot> {
         db.check_open()?;
-        let ts = db.registry.acquire_at(ts, &db.visible_ts).map_err(|e| crate::db::at_error(ts, e))?;
+        let view = db.published();
+        let ts = view.registry.acquire_at(ts, &view.visible_ts).map_err(|e| crate::db::at_error(ts, e))?;
         Ok(Snapshot { db: Arc::clone(db), ts })
     }
 
     fn get(&self, table: &str, key: &[u8]) -> Option<Vec<u8>> {
-        let catalog = self.db.catalog.read();
+        let catalog = self.db.published().catalog.read();
         let t = catalog.table_at(table, self.ts)?;
         let data = t.data.read();
         data.get(key, self.ts)
     }
 
-    fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
-        let catalog = self.db.catalog.read();
+    pub(crate) fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (crate::index::Entries, bool) {
+        let catalog = self.db.published().catalog.read();
         match catalog.table_at(table, self.ts) {
-            Some(t) => t.data.read().scan_chunk(range, reverse, self.ts, SCAN_CHUNK),
+            Some(t) => t.data.read().scan_chunk(range, reverse, self.ts, crate::scan::SCAN_CHUNK),
             None => (Vec::new(), false),
         }
     }
 
     fn tables(&self) -> Vec<String> {
-        self.db.catalog.read().names_at(self.ts)
+        self.db.published().catalog.read().names_at(self.ts)
+    }
+}
+
+impl Snapshot {
+    /// A second registration of the same snapshot, released on its own.
+    fn pin(&self) -> Snapshot {
+        self.db.published().registry.pin(self.ts);
+        Snapshot { db: Arc::clone(&self.db), ts: self.ts }
     }
 }
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        self.db.registry.release(self.ts);
+        self.db.published().release(self.ts);
     }
 }
 
@@ -286,32 +227,6 @@ impl ReadTxn {
     pub fn tables(&self) -> Vec<String> {
         self.snap.tables()
     }
-}
-
-/// One table's part of a write set.
-#[derive(Debug, Default)]
-pub(crate) struct TableWrites {
-    /// The transaction dropped the table as it was in its snapshot; `writes` go to a new one.
-    pub dropped: bool,
-    /// Key to new value (`None` deletes).
-    pub writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-}
-
-/// Something a serializable transaction read, validated at commit.
-#[derive(Debug)]
-pub(crate) enum ReadItem {
-    Key(Vec<u8>),
-    Range(KeyRange),
-}
-
-/// What a write transaction hands to group commit.
-#[derive(Debug)]
-pub(crate) struct CommitRequest {
-    pub start_ts: u64,
-    pub durability: Durability,
-    pub isolation: Isolation,
-    pub tables: BTreeMap<Arc<str>, TableWrites>,
-    pub reads: Vec<(Arc<str>, ReadItem)>,
 }
 
 /// A read-write transaction. Dropping it without [`WriteTxn::commit`] rolls it back.
@@ -511,7 +426,7 @@ impl WriteTxn {
     /// Tables visible to this transaction, including ones it created and excluding dropped ones.
     pub fn tables(&self) -> Vec<String> {
         let mut names: Vec<String> = self.snap.tables();
-        for (name, tw) in self.tables.iter().filter(|(n, _)| !n.starts_with(crate::db::RESERVED_TABLE_PREFIX)) {
+        for (name, tw) in self.tables.iter().filter(|(n, _)| !crate::types::is_reserved(n)) {
             let has_writes = tw.writes.values().any(Option::is_some);
             if tw.dropped && !has_writes {
                 names.retain(|n| n.as_str() != &**name);
@@ -532,6 +447,38 @@ impl WriteTxn {
     /// error that says why the commit could not be made durable. A transaction stopped by its
     /// CPU budget or timeout fails here too, with nothing written.
     pub fn commit(mut self) -> Result<CommitInfo> {
+        let (request, dirty) = self.prepare()?;
+        let result = if dirty { self.snap.db.committer.submit(request) } else { self.commit_read_only(&request) };
+        let (cpu_time, wall_time) = self.acct.finish(&self.snap.db, ending_of(&result));
+        result.map(|ts| CommitInfo { ts, cpu_time, wall_time })
+    }
+
+    /// Commits without blocking the calling thread: the returned future completes when the
+    /// commit is acknowledged under its durability mode, with what [`WriteTxn::commit`] would
+    /// return. Needs no particular async runtime.
+    ///
+    /// The commit is queued when this is called, so it is sequenced even if the future is
+    /// never polled. Dropping the future before it completes discards only the result: the
+    /// commit still completes in the background, exactly once (a dropped future's transaction
+    /// is not counted in the accounting totals). The task that finds no leader leads the group
+    /// inline on its next poll, so with a single-threaded runtime the thread blocks for the
+    /// group's write and fdatasync; every commit queued by then shares that one fdatasync.
+    pub fn commit_async(mut self) -> CommitFuture {
+        let db = Arc::clone(&self.snap.db);
+        let state = match self.prepare() {
+            Err(e) => FutureState::Ready(Some(Err(e))),
+            Ok((request, false)) => FutureState::Ready(Some(self.commit_read_only(&request))),
+            Ok((request, true)) => match db.committer.submit_async(request, Box::new(self.snap.pin())) {
+                Ok(commit) => FutureState::Submitted(commit),
+                Err(e) => FutureState::Ready(Some(Err(e))),
+            },
+        };
+        let acct = std::mem::replace(&mut self.acct, Accounted::handed_on());
+        CommitFuture { db, state, acct }
+    }
+
+    /// Checks the budget, then takes the write set out as a request; `true` if it has writes.
+    fn prepare(&mut self) -> Result<(CommitRequest, bool)> {
         if let Some(t) = self.acct.meter.tripped() {
             return Err(t.error());
         }
@@ -545,157 +492,84 @@ impl WriteTxn {
             isolation: self.isolation,
             tables,
             reads,
+            apply: None,
         };
         self.acct.meter.freeze();
-        let result = if dirty {
-            self.snap.db.commit(request)
-        } else {
-            // Nothing to log. A serializable reader still checks that what it read is unchanged.
-            self.snap.db.check_open().and_then(|()| {
-                if self.isolation == Isolation::Serializable && !request.reads.is_empty() {
-                    self.snap.db.validate_read_only(&request)?;
-                }
-                Ok(self.snap.ts)
-            })
-        };
-        let ending = if result.is_ok() { Ending::Committed } else { Ending::RolledBack };
-        let (cpu_time, wall_time) = self.acct.finish(&self.snap.db, ending);
-        result.map(|ts| CommitInfo { ts, cpu_time, wall_time })
+        Ok((request, dirty))
+    }
+
+    /// Nothing to log. A serializable reader still checks that what it read is unchanged.
+    fn commit_read_only(&self, request: &CommitRequest) -> Result<u64> {
+        self.snap.db.check_open()?;
+        if self.isolation == Isolation::Serializable && !request.reads.is_empty() {
+            self.snap.db.committer.validate_read_only(request)?;
+        }
+        Ok(self.snap.ts)
     }
 
     /// Discards the transaction's writes.
     pub fn rollback(self) {}
 }
 
-/// An iterator over `(key, value)` pairs of a range, copying a chunk at a time out of the index
-/// so that a long-lived iterator never holds a lock.
-pub struct Scan<'a> {
-    snap: &'a Snapshot,
-    meter: &'a MeterCell,
-    table: String,
-    range: KeyRange,
-    reverse: bool,
-    base: VecDeque<(Vec<u8>, Vec<u8>)>,
-    base_more: bool,
-    overlay: VecDeque<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Set after an error was returned: the iteration is over.
-    failed: bool,
+fn ending_of<T>(result: &Result<T>) -> Ending {
+    if result.is_ok() {
+        Ending::Committed
+    } else {
+        Ending::RolledBack
+    }
 }
 
-impl std::fmt::Debug for Scan<'_> {
+enum FutureState {
+    /// Decided without the pipeline (no writes, or refused before queueing).
+    Ready(Option<Result<u64>>),
+    Submitted(AsyncCommit),
+    /// The outcome was returned.
+    Done,
+}
+
+/// A commit in flight, from [`WriteTxn::commit_async`]. Resolves to the same result as
+/// [`WriteTxn::commit`]. Dropping it does not cancel the commit.
+#[must_use = "the commit proceeds even if the future is dropped, but only awaiting it tells whether it succeeded"]
+pub struct CommitFuture {
+    db: Arc<Inner>,
+    state: FutureState,
+    acct: Accounted,
+}
+
+impl std::fmt::Debug for CommitFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scan").field("table", &self.table).field("reverse", &self.reverse).finish()
+        let state = match self.state {
+            FutureState::Ready(_) => "ready",
+            FutureState::Submitted(_) => "submitted",
+            FutureState::Done => "done",
+        };
+        f.debug_struct("CommitFuture").field("state", &state).finish()
     }
 }
 
-impl<'a> Scan<'a> {
-    fn new(
-        snap: &'a Snapshot,
-        meter: &'a MeterCell,
-        table: &str,
-        range: &ScanRange,
-        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-        hide_base: bool,
-    ) -> Self {
-        let resolved = range.resolve();
-        let base_more = !hide_base && !resolved.is_empty();
-        Scan {
-            snap,
-            meter,
-            table: table.to_owned(),
-            range: resolved,
-            reverse: range.is_reverse(),
-            base: VecDeque::new(),
-            base_more,
-            overlay: overlay.into(),
-            failed: false,
-        }
-    }
+impl Future for CommitFuture {
+    type Output = Result<CommitInfo>;
 
-    fn refill(&mut self) {
-        if !self.base.is_empty() || !self.base_more {
-            return;
-        }
-        let (entries, more) = self.snap.chunk(&self.table, &self.range, self.reverse);
-        if let Some((last, _)) = entries.last() {
-            if self.reverse {
-                self.range.end = Bound::Excluded(last.clone());
-            } else {
-                self.range.start = Bound::Excluded(last.clone());
-            }
-        }
-        self.base_more = more && !entries.is_empty();
-        self.base = entries.into();
-    }
-
-    /// Whether `a` comes before `b` in this scan's order.
-    fn before(&self, a: &[u8], b: &[u8]) -> bool {
-        if self.reverse {
-            a > b
-        } else {
-            a < b
-        }
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let result = match &mut this.state {
+            FutureState::Ready(r) => r.take().unwrap_or(Err(Error::TransactionDone)),
+            FutureState::Submitted(commit) => match this.db.committer.poll_commit(commit, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r,
+            },
+            FutureState::Done => Err(Error::TransactionDone),
+        };
+        this.state = FutureState::Done;
+        let (cpu_time, wall_time) = this.acct.finish(&this.db, ending_of(&result));
+        Poll::Ready(result.map(|ts| CommitInfo { ts, cpu_time, wall_time }))
     }
 }
 
-impl Iterator for Scan<'_> {
-    type Item = Result<(Vec<u8>, Vec<u8>)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
+impl Drop for CommitFuture {
+    fn drop(&mut self) {
+        if let FutureState::Submitted(commit) = &mut self.state {
+            self.db.committer.abandon_commit(commit);
         }
-        if let Err(e) = self.meter.check() {
-            // The transaction is over: report it once, then end the iteration.
-            self.failed = true;
-            return Some(Err(e));
-        }
-        loop {
-            self.refill();
-            let take_overlay = match (self.base.front(), self.overlay.front()) {
-                (None, None) => return None,
-                (Some(_), None) => false,
-                (None, Some(_)) => true,
-                (Some((bk, _)), Some((ok, _))) => {
-                    if bk == ok {
-                        self.base.pop_front(); // The transaction's own write shadows the snapshot.
-                        true
-                    } else {
-                        !self.before(bk, ok)
-                    }
-                }
-            };
-            if take_overlay {
-                let (k, v) = self.overlay.pop_front()?;
-                match v {
-                    Some(v) => return Some(Ok((k, v))),
-                    None => continue, // Deleted by this transaction.
-                }
-            }
-            return self.base.pop_front().map(Ok);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_successor_handles_ff() {
-        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_successor(&[0x61, 0xff]), Some(vec![0x62]));
-        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
-        assert_eq!(prefix_successor(b""), None);
-    }
-
-    #[test]
-    fn prefix_intersects_with_bounds() {
-        let r = ScanRange::prefix(b"user:".to_vec()).start(b"user:m".to_vec()).resolve();
-        assert!(r.contains(b"user:z"));
-        assert!(!r.contains(b"user:a"));
-        assert!(!r.contains(b"uses"));
-        let r = ScanRange::prefix(b"b".to_vec()).end(b"a".to_vec()).resolve();
-        assert!(r.is_empty());
     }
 }

@@ -71,7 +71,7 @@ pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
 }
 
 pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyReport> {
-    if !fs.exists(&dir.join(crate::db::IDENTITY_FILE)).map_err(|e| Error::io(dir, e))? {
+    if !fs.exists(&dir.join(crate::files::IDENTITY_FILE)).map_err(|e| Error::io(dir, e))? {
         return Err(Error::NotAStore { path: dir.to_owned(), reason: "no KEELDB identity file".into() });
     }
     let _lock = fs.lock_exclusive(&dir.join("LOCK")).map_err(|e| match e.kind() {

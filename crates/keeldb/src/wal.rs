@@ -17,6 +17,7 @@ use crate::codec::{le_u32, le_u64, DecodeError, PutBytes, Reader};
 use crate::error::{Error, Result};
 use crate::fs::{write_all_at, FileHandle, FileSystem, OpenMode};
 use crate::options::{MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
+use crate::types::LogPosition;
 
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"KEELWAL\0";
 pub(crate) const SEGMENT_HEADER_BYTES: u64 = 64;
@@ -32,6 +33,9 @@ const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_CREATE_TABLE: u8 = 3;
 const OP_DROP_TABLE: u8 = 4;
+
+/// Optional fields after a commit's operations (first byte of each field).
+const FIELD_APPLIED_POSITION: u8 = 1;
 
 /// One logged operation, borrowed from a decoded payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +83,12 @@ impl PayloadBuilder {
         self.buf.put_u32(table);
         self.ops += 1;
     }
+    /// Appends the replicated-log position this commit applies. Called after every op.
+    pub fn applied_position(&mut self, pos: LogPosition) {
+        self.buf.put_u8(FIELD_APPLIED_POSITION);
+        self.buf.put_u64(pos.index);
+        self.buf.put_u64(pos.term);
+    }
     pub fn finish(mut self) -> Vec<u8> {
         if let Some(slot) = self.buf.get_mut(1..5) {
             slot.copy_from_slice(&self.ops.to_le_bytes());
@@ -101,6 +111,8 @@ pub(crate) struct Record<'a> {
     pub ops: Vec<Op<'a>>,
     /// The state digest, carried by marks.
     pub digest: Option<u128>,
+    /// The replicated-log position a commit applied, if it came from `apply_batch`.
+    pub position: Option<LogPosition>,
 }
 
 /// Decodes a payload. Never panics; lengths are bounded by the limits and by the payload.
@@ -118,7 +130,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> 
         if count != 0 || !r.is_empty() {
             return Err(DecodeError { offset: 1, what: "malformed mark record" });
         }
-        return Ok(Record { kind, ops: Vec::new(), digest: Some(u128::from_le_bytes(d)) });
+        return Ok(Record { kind, ops: Vec::new(), digest: Some(u128::from_le_bytes(d)), position: None });
     }
     // Each op takes at least 5 bytes, which bounds the allocation by the payload size.
     if count > r.remaining() / 5 {
@@ -144,10 +156,19 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> 
         };
         ops.push(op);
     }
-    if !r.is_empty() {
-        return Err(DecodeError { offset: payload.len() - r.remaining(), what: "trailing bytes" });
+    // Optional fields follow the ops; a payload written before they existed simply ends here.
+    let mut position = None;
+    while !r.is_empty() {
+        let offset = payload.len() - r.remaining();
+        match r.u8("field tag")? {
+            FIELD_APPLIED_POSITION if position.is_none() => {
+                position = Some(LogPosition { index: r.u64("log index")?, term: r.u64("log term")? });
+            }
+            FIELD_APPLIED_POSITION => return Err(DecodeError { offset, what: "repeated log position" }),
+            _ => return Err(DecodeError { offset, what: "unknown payload field" }),
+        }
     }
-    Ok(Record { kind, ops, digest: None })
+    Ok(Record { kind, ops, digest: None, position })
 }
 
 pub(crate) fn padded(len: usize) -> usize {
@@ -244,19 +265,7 @@ pub(crate) fn decode_segment_header(buf: &[u8]) -> std::result::Result<SegmentHe
     })
 }
 
-/// File name of segment `seq`.
-pub(crate) fn segment_name(seq: u64) -> String {
-    format!("wal-{seq:016}.log")
-}
-
-/// Parses a segment file name back to its sequence number.
-pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("wal-")?.strip_suffix(".log")?;
-    if digits.len() != 16 {
-        return None;
-    }
-    digits.parse().ok()
-}
+pub(crate) use crate::files::{parse_segment_name, segment_name};
 
 /// A frame found valid by [`scan_segment`].
 #[derive(Debug)]
@@ -287,11 +296,7 @@ pub(crate) struct SegmentScan<'a> {
     pub later_max_durable_lsn: u64,
 }
 
-fn check_frame<'a>(
-    bytes: &'a [u8],
-    pos: usize,
-    expect_lsn: u64,
-) -> std::result::Result<(FrameHeader, &'a [u8]), &'static str> {
+fn check_frame(bytes: &[u8], pos: usize, expect_lsn: u64) -> std::result::Result<(FrameHeader, &[u8]), &'static str> {
     let rest = bytes.get(pos..).unwrap_or_default();
     if rest.len() < FRAME_HEADER_BYTES {
         return Err("truncated frame header");
@@ -541,6 +546,17 @@ mod tests {
         let rec = decode_payload(scan.frames[1].payload).expect("decodes");
         assert_eq!(rec.kind, KIND_COMMIT);
         assert_eq!(rec.ops, vec![Op::Put { table: 1, key: &[2], value: b"value" }]);
+        assert_eq!(rec.position, None, "a payload without the field decodes as before");
+        let mut p = PayloadBuilder::new(16);
+        p.put(1, b"k", b"v");
+        p.applied_position(LogPosition::new(7, 2));
+        let bytes = p.finish();
+        let rec = decode_payload(&bytes).expect("decodes with a position");
+        assert_eq!((rec.ops.len(), rec.position), (1, Some(LogPosition::new(7, 2))));
+        let mut twice = bytes.clone();
+        twice.extend_from_slice(&bytes[bytes.len() - 17..]);
+        assert!(decode_payload(&twice).is_err(), "a repeated field is rejected");
+        assert!(decode_payload(&bytes[..bytes.len() - 1]).is_err(), "a cut field is rejected");
         let mark_bytes = mark_payload(99);
         let mark = decode_payload(&mark_bytes).expect("mark decodes");
         assert_eq!((mark.kind, mark.digest), (KIND_MARK, Some(99)));
@@ -578,12 +594,5 @@ mod tests {
         let mut huge_count = vec![KIND_COMMIT];
         huge_count.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_payload(&huge_count).is_err());
-    }
-
-    #[test]
-    fn segment_names_round_trip() {
-        assert_eq!(parse_segment_name(&segment_name(42)), Some(42));
-        assert_eq!(parse_segment_name("wal-12.log"), None);
-        assert_eq!(parse_segment_name("checkpoint-1.kc"), None);
     }
 }

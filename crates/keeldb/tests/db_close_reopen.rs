@@ -168,7 +168,7 @@ fn committer(db: Database, gate: Arc<Gate>) -> std::thread::JoinHandle<u64> {
                 Err(Error::Closed) => break,
                 Err(e) => panic!("commit failed: {e}"),
             }
-            if committed % 64 == 0 {
+            if committed.is_multiple_of(64) {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }

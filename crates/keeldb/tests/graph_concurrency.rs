@@ -8,7 +8,7 @@ use keeldb::graph::{Direction, Graph, GraphError};
 use keeldb::{Error, Isolation, TxnOptions};
 
 fn is_conflict(r: &Result<keeldb::CommitInfo, Error>) -> bool {
-    matches!(r, Err(Error::Conflict(_)))
+    matches!(r, Err(Error::Conflict { .. }))
 }
 
 #[test]
@@ -110,7 +110,12 @@ fn concurrent_edges_at_one_node_conflict_under_snapshot_but_transact_retries() {
     a.commit().unwrap();
     assert!(is_conflict(&b.commit()));
     // A graph error keeps its retryability.
-    assert!(GraphError::from(Error::Conflict("x".into())).is_retryable());
+    assert!(GraphError::from(Error::Conflict {
+        table: "x".into(),
+        key: None,
+        reason: keeldb::ConflictReason::KeyWritten
+    })
+    .is_retryable());
     assert!(!GraphError::NodeNotFound(1).is_retryable());
 }
 

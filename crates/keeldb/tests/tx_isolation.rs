@@ -16,7 +16,7 @@ fn first_committer_wins_on_write_write_conflict() {
     b.put("t", b"k", b"b").unwrap();
     a.commit().unwrap();
     let err = b.commit().unwrap_err();
-    assert!(matches!(err, Error::Conflict(_)), "{err}");
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
     assert!(err.is_retryable());
     assert_eq!(get(&db, "t", b"k").as_deref(), Some(&b"a"[..]));
 }
@@ -90,7 +90,7 @@ fn write_skew_is_possible_under_snapshot_isolation() {
 fn write_skew_is_impossible_under_serializable() {
     let (a, b, left) = write_skew(Isolation::Serializable);
     assert!(a.is_ok());
-    assert!(matches!(b, Err(Error::Conflict(_))), "{b:?}");
+    assert!(matches!(b, Err(Error::Conflict { .. })), "{b:?}");
     assert_eq!(left, 1);
 }
 
@@ -103,7 +103,7 @@ fn serializable_point_reads_of_absent_keys_are_validated() {
     assert_eq!(a.get("t", b"flag").unwrap(), None);
     put(&db, "t", b"flag", b"set");
     a.put("t", b"other", b"x").unwrap();
-    assert!(matches!(a.commit(), Err(Error::Conflict(_))));
+    assert!(matches!(a.commit(), Err(Error::Conflict { .. })));
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn concurrent_table_drop_conflicts_with_writers() {
     writer.put("t", b"k2", b"v").unwrap();
     dropper.drop_table("t").unwrap();
     dropper.commit().unwrap();
-    assert!(matches!(writer.commit(), Err(Error::Conflict(_))));
+    assert!(matches!(writer.commit(), Err(Error::Conflict { .. })));
     assert!(db.begin_read().unwrap().tables().is_empty());
 }
 
@@ -190,5 +190,5 @@ fn serializable_read_only_transactions_validate_without_logging() {
     let mut r = db.begin_write_with(o.clone()).unwrap();
     r.get("t", b"k").unwrap();
     put(&db, "t", b"k", b"2");
-    assert!(matches!(r.commit(), Err(Error::Conflict(_))));
+    assert!(matches!(r.commit(), Err(Error::Conflict { .. })));
 }

@@ -94,10 +94,10 @@ fn long_scan_is_stopped_from_inside_the_iterator() {
     assert!(seen < 20_000);
     // The iterator ends after reporting the error once.
     let rx2 = db.begin_read_with(budget(1)).unwrap();
-    let mut scan = rx2.scan("t", ScanRange::all()).unwrap();
+    let scan = rx2.scan("t", ScanRange::all()).unwrap();
     let mut errors = 0;
     let mut n = 0;
-    while let Some(item) = scan.next() {
+    for item in scan {
         n += 1;
         if item.is_err() {
             errors += 1;

@@ -1,0 +1,482 @@
+//! Group commit: the gather queue, the leader, the WAL batch, and in-order publication.
+//!
+//! Flat combining with a pipelined fdatasync. A committer pushes its write set onto a small
+//! queue and parks. If no leader is gathering, it becomes the leader: it takes the whole
+//! queue, and under the sequencer lock validates each commit against every commit sequenced
+//! before it (visible or not), gives it the next timestamp and encodes its WAL frame, so commit
+//! order, WAL order and timestamp order are one order. It writes the batch with one `write`
+//! and, when any commit in it asks for `sync`, one `fdatasync`; commits arriving meanwhile
+//! queue up. Then it hands gathering to one of them, so the next batch is validated, written
+//! and synced while this one is applied and its committers are woken. Only one fdatasync is in
+//! flight at a time (handing off before it made batches of one). Batches publish strictly in
+//! order: a finished batch is marked ready, and whoever holds the publish lock applies every
+//! ready batch in sequence to the index, advances the visible timestamp and wakes their
+//! committers, so no thread waits for a particular other one to be scheduled. There is no
+//! timer: an idle database never delays a commit.
+//!
+//! A failed write or fsync poisons the database: that batch and every later one fail, nothing
+//! of them becomes visible, and later commits are refused until reopen. This module never
+//! reaches the database handle; it only uses the committer's own state.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::apply::BatchOverlay;
+use super::request::{CommitRequest, Sequencer, TableApply};
+use super::waiter::{Failure, Outcome, Slot, Waiter};
+use super::Committer;
+use crate::error::{Error, Result};
+use crate::fs::FileHandle;
+use crate::index::Table;
+use crate::options::Durability;
+use crate::types::LogPosition;
+use crate::wal;
+
+/// A validated commit in a batch.
+#[derive(Debug)]
+struct Pending {
+    ts: u64,
+    tables: Vec<TableApply>,
+    durability: Durability,
+    waiter: Arc<Waiter>,
+    /// For a command from a replicated log: its position, and the condition that failed.
+    position: Option<LogPosition>,
+    failed_condition: Option<usize>,
+}
+
+/// Keeps a transaction's snapshot registered until its commit is validated, so conflict
+/// records it must be checked against cannot be trimmed meanwhile. A blocking committer's own
+/// transaction does this; a future that may be dropped before validation hands one over.
+pub(crate) type SnapshotPin = Box<dyn Send>;
+
+/// A commit request waiting for a leader.
+struct Queued {
+    req: CommitRequest,
+    waiter: Arc<Waiter>,
+    pin: Option<SnapshotPin>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued").field("req", &self.req).field("waiter", &self.waiter).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Gather {
+    pending: Vec<Queued>,
+    leader_active: bool,
+}
+
+/// A batch whose I/O is done, waiting for the batches before it to publish.
+#[derive(Debug)]
+struct Ready {
+    commits: Vec<Pending>,
+    result: std::result::Result<(), Failure>,
+}
+
+#[derive(Debug, Default)]
+struct Publish {
+    /// Sequence number of the next batch to publish.
+    next_batch: u64,
+    /// Batches done with their I/O, by sequence number.
+    ready: BTreeMap<u64, Ready>,
+    /// Set when a batch failed; every later batch fails too.
+    failed: Option<Failure>,
+}
+
+/// The queue committers join and the in-order publication of finished batches.
+#[derive(Debug, Default)]
+pub(crate) struct Pipeline {
+    gather: Mutex<Gather>,
+    publish: Mutex<Publish>,
+}
+
+impl Pipeline {
+    /// Whether no commit is queued, gathering or waiting to publish, given the sequencer's
+    /// next batch number.
+    pub fn is_idle(&self, next_batch: u64) -> bool {
+        let g = self.gather.lock();
+        !g.leader_active && g.pending.is_empty() && self.publish.lock().next_batch == next_batch
+    }
+}
+
+/// A batch sequenced and encoded by its leader.
+struct Batch {
+    seq: u64,
+    commits: Vec<Pending>,
+    frames: Vec<u8>,
+    first_lsn: u64,
+}
+
+/// The WAL file a batch was written to, the LSN the write reached and the file's path.
+type Written = (Arc<dyn FileHandle>, u64, std::path::PathBuf);
+
+impl Committer {
+    /// Validates, logs and applies a write transaction; returns its commit timestamp once its
+    /// durability condition holds and it is visible. Blocks the calling thread.
+    pub fn submit(&self, req: CommitRequest) -> Result<u64> {
+        self.check_writable()?;
+        let waiter = Waiter::new();
+        if self.enqueue(req, &waiter, None, true)? {
+            self.lead_while_work();
+        }
+        self.wait_outcome(&waiter).into_result()
+    }
+
+    /// Parks until the waiter's commit is decided, leading when told to.
+    pub(super) fn wait_outcome(&self, waiter: &Waiter) -> Outcome {
+        loop {
+            match waiter.wait() {
+                Slot::TryLead => {
+                    if self.try_take_leadership() {
+                        self.lead_while_work();
+                    }
+                }
+                Slot::Done(outcome) => return outcome,
+                Slot::Waiting => {}
+            }
+        }
+    }
+
+    /// Pushes several requests onto the gather queue at once, in order, so one leader takes
+    /// them into one batch. Takes leadership if it is free; returns whether it did.
+    pub(super) fn enqueue_many(&self, requests: Vec<(CommitRequest, Arc<Waiter>)>) -> Result<bool> {
+        let mut g = self.pipeline.gather.lock();
+        self.check_writable()?;
+        g.pending.extend(requests.into_iter().map(|(req, waiter)| Queued { req, waiter, pin: None }));
+        Ok(!g.pending.is_empty() && !std::mem::replace(&mut g.leader_active, true))
+    }
+
+    /// Pushes a request onto the gather queue. With `claim`, takes leadership if it is free and
+    /// returns whether the caller became the leader.
+    pub(super) fn enqueue(
+        &self,
+        req: CommitRequest,
+        waiter: &Arc<Waiter>,
+        pin: Option<SnapshotPin>,
+        claim: bool,
+    ) -> Result<bool> {
+        let mut g = self.pipeline.gather.lock();
+        // Checked under the queue lock: close waits for this queue to drain.
+        self.check_writable()?;
+        g.pending.push(Queued { req, waiter: Arc::clone(waiter), pin });
+        Ok(claim && !std::mem::replace(&mut g.leader_active, true))
+    }
+
+    /// Takes leadership if nobody holds it and work is queued.
+    pub(super) fn try_take_leadership(&self) -> bool {
+        let mut g = self.pipeline.gather.lock();
+        if g.leader_active || g.pending.is_empty() {
+            return false;
+        }
+        g.leader_active = true;
+        true
+    }
+
+    /// Leads a batch, then keeps leading while work is queued and nobody else took over: a
+    /// thread that is already running leads, instead of waiting for a woken one to be
+    /// scheduled (with many runnable threads on few cores that wait dominated). Leadership that
+    /// could not be handed to anyone (every queued committer is a dropped future) is kept.
+    pub(super) fn lead_while_work(&self) {
+        let mut rounds = 0;
+        loop {
+            if self.lead() {
+                continue;
+            }
+            rounds += 1;
+            if rounds > 64 || !self.try_take_leadership() {
+                return;
+            }
+        }
+    }
+
+    /// Leads one batch: everything queued now (the caller's own commit is in it). Returns
+    /// whether the caller is still the leader (see [`Committer::release_gather`]).
+    fn lead(&self) -> bool {
+        if !self.commit_delay.is_zero() {
+            std::thread::sleep(self.commit_delay);
+        }
+        let queued = std::mem::take(&mut self.pipeline.gather.lock().pending);
+        let Some(batch) = self.sequence(queued) else {
+            return self.release_gather();
+        };
+        let last_ts = batch.commits.last().map_or(0, |p| p.ts);
+        let needs_sync = batch.commits.iter().any(|p| p.durability.needs_sync());
+        let written = self.write_frames(&batch.frames, batch.first_lsn, last_ts);
+        let result = written.and_then(|(file, end, path)| {
+            if needs_sync {
+                file.sync_data().map_err(|e| Failure::Poisoned(self.poison(&Error::io(path, e).to_string())))?;
+                self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
+                self.durable_lsn.fetch_max(end, Ordering::AcqRel);
+            }
+            self.after_write(&batch, needs_sync)
+        });
+        // One fdatasync in flight at a time keeps batches large. From here the next leader
+        // gathers, writes and syncs while this batch publishes and wakes its committers.
+        let still_leading = self.release_gather();
+        self.publish(batch, result);
+        still_leading
+    }
+
+    /// Validates and encodes the queued commits in order; answers the ones that conflict.
+    fn sequence(&self, queued: Vec<Queued>) -> Option<Batch> {
+        let mut seq = self.sequencer.lock();
+        let refused = self.refusal();
+        let mut commits = Vec::with_capacity(queued.len());
+        let mut frames = Vec::new();
+        let first_lsn = seq.next_lsn;
+        // Conditions of log commands see every earlier commit: the published index (once the
+        // batches before this one are published) and this batch's earlier writes.
+        let conditional = queued.iter().any(|q| q.req.apply.as_ref().is_some_and(|a| !a.conditions.is_empty()));
+        let mut overlay = conditional.then(BatchOverlay::default);
+        if conditional {
+            self.wait_published(seq.last_ts);
+        }
+        // Released after the sequencer lock: a pin may hold the last reference to a snapshot.
+        let mut pins = Vec::new();
+        for Queued { req, waiter, pin } in queued {
+            pins.extend(pin);
+            if let Some(failure) = &refused {
+                waiter.set(Slot::Done(Outcome::Failed(failure.clone())));
+                continue;
+            }
+            let CommitRequest { mut tables, durability, apply, .. } = match self.admit(&seq, req) {
+                Ok(req) => req,
+                Err(outcome) => {
+                    waiter.set(Slot::Done(outcome));
+                    continue;
+                }
+            };
+            let position = apply.as_ref().map(|a| a.position);
+            let failed_condition = match (&apply, &overlay) {
+                (Some(a), Some(o)) => self.first_failed_condition(&a.conditions, o),
+                _ => None,
+            };
+            if failed_condition.is_some() {
+                tables.clear();
+            }
+            let ts = seq.last_ts + 1;
+            let (tables, mut payload) = seq.resolve(tables, ts);
+            if let Some(p) = position {
+                payload.applied_position(p);
+                seq.last_position = Some(p);
+            }
+            if let Some(o) = &mut overlay {
+                o.record(&tables);
+            }
+            let payload = payload.finish();
+            let before = frames.len();
+            frames.reserve(wal::frame_bytes(payload.len()));
+            let durable = self.durable_lsn.load(Ordering::Acquire);
+            wal::encode_frame(&mut frames, seq.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
+            seq.next_lsn += (frames.len() - before) as u64;
+            seq.last_ts = ts;
+            commits.push(Pending { ts, tables, durability, waiter, position, failed_condition });
+        }
+        if seq.conflicts.wants_trim() {
+            seq.conflicts.trim(self.published.horizon());
+        }
+        let number = seq.next_batch;
+        seq.next_batch += u64::from(!commits.is_empty());
+        drop(seq);
+        drop(pins);
+        if commits.is_empty() {
+            return None;
+        }
+        Some(Batch { seq: number, commits, frames, first_lsn })
+    }
+
+    /// First committer wins for a transaction; a log command instead must come after the last
+    /// position sequenced (its conditions are checked by the caller).
+    fn admit(&self, seq: &Sequencer, req: CommitRequest) -> std::result::Result<CommitRequest, Outcome> {
+        match &req.apply {
+            None => seq.conflicts.validate(&req).map_err(Outcome::Conflict)?,
+            Some(a) => {
+                if let Some(last) = seq.last_position.filter(|last| a.position <= *last) {
+                    return Err(Outcome::OutOfOrder { position: a.position, last });
+                }
+            }
+        }
+        Ok(req)
+    }
+
+    /// Gives up leadership. If work is queued, wakes its first live committer to try to lead;
+    /// any committer that arrives first (or this one, after publishing) may lead instead. So
+    /// whenever leadership drops with work queued, someone is on the way to lead it. When every
+    /// queued committer is a dropped future, nobody is: then the caller keeps leadership and
+    /// this returns true.
+    pub(super) fn release_gather(&self) -> bool {
+        let mut g = self.pipeline.gather.lock();
+        if g.pending.is_empty() || g.pending.iter().any(|q| q.waiter.set(Slot::TryLead)) {
+            g.leader_active = false;
+            return false;
+        }
+        true
+    }
+
+    /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.
+    fn write_frames(&self, frames: &[u8], first_lsn: u64, last_ts: u64) -> std::result::Result<Written, Failure> {
+        let mut wal = self.wal.lock();
+        if let Some(why) = self.poison_reason() {
+            return Err(Failure::Poisoned(why));
+        }
+        if let Err(e) = wal.append(frames, first_lsn, last_ts) {
+            return Err(Failure::Poisoned(self.poison(&e.to_string())));
+        }
+        // A roll inside `append` synced the sealed segment.
+        self.durable_lsn.fetch_max(wal.current().start_lsn, Ordering::AcqRel);
+        self.counters.wal_bytes_since_checkpoint.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        Ok((wal.file(), wal.end_lsn(), wal.current().path.clone()))
+    }
+
+    /// Counters and the periodic-durability schedule, once a batch is written (and synced).
+    fn after_write(&self, batch: &Batch, synced: bool) -> std::result::Result<(), Failure> {
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        self.counters.commits.fetch_add(batch.commits.len() as u64, Ordering::Relaxed);
+        if synced {
+            return Ok(());
+        }
+        let periodic = batch.commits.iter().filter_map(|p| match p.durability {
+            Durability::Periodic(d) => Some(d),
+            _ => None,
+        });
+        let Some(interval) = periodic.min() else { return Ok(()) };
+        if self.background_sync {
+            self.schedule.request(Instant::now() + interval);
+            return Ok(());
+        }
+        // No background worker: sync inline once the oldest unsynced commit's interval is up.
+        let mut d = self.schedule.deadline.lock();
+        let by = *d.get_or_insert(Instant::now() + interval);
+        if by <= Instant::now() {
+            *d = None;
+            drop(d);
+            if self.sync_wal().is_err() {
+                return Err(self.refusal().unwrap_or(Failure::Closed));
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a batch ready and publishes every ready batch in sequence order: applies it (or
+    /// fails it, when it or an earlier batch failed), advances the visible timestamp and wakes
+    /// its committers. Whoever finds the next batch ready publishes it, so no thread ever waits
+    /// for a particular other thread to be scheduled.
+    fn publish(&self, batch: Batch, result: std::result::Result<(), Failure>) {
+        let mut done: Vec<Ready> = Vec::new();
+        {
+            let mut p = self.pipeline.publish.lock();
+            p.ready.insert(batch.seq, Ready { commits: batch.commits, result });
+            loop {
+                let next = p.next_batch;
+                let Some(mut ready) = p.ready.remove(&next) else { break };
+                ready.result = match (&p.failed, ready.result) {
+                    (Some(failure), _) => Err(failure.clone()),
+                    (None, Err(failure)) => {
+                        p.failed = Some(failure.clone());
+                        Err(failure)
+                    }
+                    (None, Ok(())) => Ok(()),
+                };
+                if ready.result.is_ok() {
+                    self.apply_batch(&ready.commits);
+                }
+                p.next_batch += 1;
+                done.push(ready);
+            }
+        }
+        for ready in done {
+            for c in &ready.commits {
+                let outcome = match &ready.result {
+                    Ok(()) if c.position.is_some() => {
+                        Outcome::Applied { ts: c.ts, failed_condition: c.failed_condition }
+                    }
+                    Ok(()) => Outcome::Committed(c.ts),
+                    Err(failure) => Outcome::Failed(failure.clone()),
+                };
+                c.waiter.set(Slot::Done(outcome));
+            }
+        }
+    }
+
+    /// Applies a durable batch to the index in timestamp order, then makes it visible.
+    fn apply_batch(&self, batch: &[Pending]) {
+        let Some(last) = batch.last() else { return };
+        let view = &self.published;
+        let horizon = view.horizon();
+        let mut digest = view.digest.lock();
+        for p in batch {
+            for ta in &p.tables {
+                if ta.drop_id.is_some() || ta.create {
+                    let mut catalog = view.catalog.write();
+                    if let Some(old) = ta.drop_id.and_then(|id| catalog.by_id(id)).cloned() {
+                        old.data.read().for_each_live(|k, v| digest.remove(&old.name, k, v));
+                        old.dropped_ts.store(p.ts, Ordering::Release);
+                    }
+                    if ta.create {
+                        catalog.insert(Arc::new(Table::new(ta.id, Arc::clone(&ta.name), p.ts)));
+                    }
+                }
+                if ta.id == 0 || ta.writes.is_empty() {
+                    continue;
+                }
+                let table = view.catalog.read().by_id(ta.id).cloned();
+                let Some(table) = table else { continue };
+                let mut data = table.data.write();
+                for (k, v) in &ta.writes {
+                    data.apply(&table.name, k, v.as_deref(), p.ts, horizon, &mut digest);
+                }
+            }
+        }
+        if let Some(p) = batch.iter().rev().find_map(|p| p.position) {
+            *view.applied.lock() = Some(p);
+        }
+        if view.history.is_recording() {
+            record_history(&view.history, batch);
+        }
+        view.visible_ts.store(last.ts, Ordering::Release);
+        drop(digest);
+        view.history.notify();
+    }
+
+    /// Starts the change feed at the current visible timestamp. Holds the publish lock, so no
+    /// batch is between its apply and its visibility: the feed has every commit after its start.
+    pub fn start_history(&self) -> u64 {
+        let _publishing = self.pipeline.publish.lock();
+        let start = self.published.visible_ts();
+        self.published.history.start(start);
+        start
+    }
+}
+
+/// Appends a published batch's changes to the change feed, in timestamp order.
+fn record_history(history: &crate::history::History, batch: &[Pending]) {
+    use crate::history::{Change, ChangeKind};
+    for p in batch {
+        let changes = p.tables.iter().flat_map(|ta| {
+            let dropped = ta.drop_id.map(|_| Change {
+                ts: p.ts,
+                table: Arc::clone(&ta.name),
+                key: Vec::new(),
+                kind: ChangeKind::DropTable,
+            });
+            // As the WAL: nothing for a table that does not exist, no deletes in a table the
+            // commit creates.
+            let live = ta.id != 0;
+            let writes =
+                ta.writes.iter().filter(move |(_, v)| live && !(ta.create && v.is_none())).map(|(k, v)| Change {
+                    ts: p.ts,
+                    table: Arc::clone(&ta.name),
+                    key: k.clone(),
+                    kind: v.as_ref().map_or(ChangeKind::Delete, |v| ChangeKind::Put(v.clone())),
+                });
+            dropped.into_iter().chain(writes)
+        });
+        history.record(changes);
+    }
+}
