@@ -189,6 +189,10 @@ pub(crate) struct CommitState {
     drops: crate::index::FastMap<Arc<str>, u64>,
     /// Sequence number the next batch gets.
     pub next_batch: u64,
+    /// Commits whose snapshot is older than this conflict: the state they read was replaced
+    /// by an installed checkpoint (`install.rs`). Equal to `last_ts` at creation, so it never
+    /// fires for transactions begun after open.
+    fence_ts: u64,
 }
 
 const TRIM_MIN: usize = 4096;
@@ -205,6 +209,7 @@ impl CommitState {
             trim_at: TRIM_MIN,
             drops: crate::index::FastMap::default(),
             next_batch: 0,
+            fence_ts: last_ts,
         }
     }
 
@@ -228,6 +233,9 @@ impl CommitState {
     /// read) was written by a commit validated after this transaction's snapshot.
     fn validate(&self, req: &CommitRequest) -> Result<()> {
         let start = req.start_ts;
+        if start < self.fence_ts {
+            return Err(Error::Conflict("the database state was replaced by an installed checkpoint".into()));
+        }
         for (name, tw) in &req.tables {
             if self.dropped_after(name, start) {
                 return Err(Error::Conflict(format!("table {name:?} was dropped by a concurrent commit")));

@@ -24,6 +24,7 @@
 
 mod accounting;
 mod checkpoint;
+mod checkpoint_stream;
 mod codec;
 mod cpu;
 mod db;
@@ -35,6 +36,7 @@ pub mod fuzz_api;
 pub mod graph;
 mod group_commit;
 mod index;
+mod install;
 mod options;
 mod recovery;
 mod registry;
@@ -42,11 +44,13 @@ mod txn;
 mod verify;
 mod wal;
 
+pub use checkpoint_stream::{ExportInfo, InstallOptions};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions, RESERVED_TABLE_PREFIX};
 pub use digest::StateDigest;
 pub use error::{Error, Location, Result};
 pub use graph::{Graph, GraphError};
+pub use install::InstallInfo;
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};

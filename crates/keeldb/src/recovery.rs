@@ -427,6 +427,9 @@ pub(crate) struct Recovered {
 /// aside corrupt checkpoints, starts a new WAL segment and logs the report.
 pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u64) -> Result<Recovered> {
     let started = Instant::now();
+    // An install whose marker is durable is finished first, so the analysis sees only the new
+    // state; one that never reached its marker left only temporary files (removed below).
+    crate::install::finish_pending(fs, dir)?;
     let mut a = analyze(fs.as_ref(), dir)?;
     if let Some(mark) = a.mark_digest {
         if a.tear.is_none() && mark != a.state.digest.0 {

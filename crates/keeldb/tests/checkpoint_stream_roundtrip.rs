@@ -1,0 +1,206 @@
+//! Checkpoint streams end to end on the real file system: export from a store while writers
+//! commit, install into another store, and check that the installed state is exactly the
+//! exporter's at the exported timestamp, survives reopen, and takes new commits; what
+//! snapshots and transactions that straddle an install see; timestamps when the installing
+//! store is ahead of or behind the stream.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use keeldb::{Database, Durability, Error, StateDigest};
+
+type State = BTreeMap<(String, Vec<u8>), Vec<u8>>;
+
+/// Every entry of every user table (and the engine's id table, which `tables()` hides).
+fn contents(db: &Database) -> State {
+    let rx = db.begin_read().unwrap();
+    let mut names = rx.tables();
+    names.push(format!("{}ids", keeldb::RESERVED_TABLE_PREFIX));
+    let mut out = State::new();
+    for t in names {
+        for (k, v) in scan_all(db, &t) {
+            out.insert((t.clone(), k), v);
+        }
+    }
+    out
+}
+
+fn digest_of(state: &State) -> StateDigest {
+    let mut d = StateDigest::default();
+    for ((t, k), v) in state {
+        d.add(t, k, v);
+    }
+    d
+}
+
+fn seed_store(db: &Database, tables: usize, keys: usize) {
+    for t in 0..tables {
+        let mut tx = db.begin_write().unwrap();
+        for k in 0..keys {
+            tx.put(&format!("t{t}"), format!("key-{k:05}").as_bytes(), &vec![(t * 7 + k) as u8; 10 + k % 90]).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+}
+
+#[test]
+fn round_trip_while_writers_commit_then_reopen_and_commit_more() {
+    let (da, db_dir) = (TestDir::new(), TestDir::new());
+    let a = Database::open(da.path(), opts(Durability::Relaxed)).unwrap();
+    seed_store(&a, 3, 400);
+    a.next_id().unwrap();
+    let initial = contents(&a);
+    let start_ts = a.begin_read().unwrap().snapshot_ts();
+    // Each writer owns its keys, so no commit conflicts; every commit is logged with its ts.
+    // Writers run until told to stop (at most 20,000 commits each), and the export starts
+    // once they have committed and stops them only after they committed more, so the export
+    // provably overlaps commits.
+    let log: Arc<Mutex<Vec<(u64, String, Vec<u8>, Option<Vec<u8>>)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (a, log, stop) = (a.clone(), Arc::clone(&log), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let (table, key) = (format!("t{}", i % 3), format!("w{w}-{:03}", i % 50).into_bytes());
+                    let value = (i % 7 != 6).then(|| format!("v{w}-{i}").into_bytes());
+                    let mut tx = a.begin_write().unwrap();
+                    match &value {
+                        Some(v) => tx.put(&table, &key, v).unwrap(),
+                        None => tx.delete(&table, &key).unwrap(),
+                    }
+                    let ts = tx.commit().unwrap().ts;
+                    log.lock().unwrap().push((ts, table, key, value));
+                }
+            })
+        })
+        .collect();
+    let logged = || log.lock().unwrap().len();
+    let wait_for = |n: usize| {
+        for _ in 0..20_000 {
+            if logged() >= n {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    };
+    wait_for(100);
+    let mut stream = Vec::new();
+    let info = a.export_checkpoint(&mut stream).unwrap();
+    let after_export = logged();
+    wait_for(after_export + 100);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let log_ts: Vec<u64> = log.lock().unwrap().iter().map(|e| e.0).collect();
+    assert!(log_ts.iter().any(|&t| t <= info.ts) && log_ts.iter().any(|&t| t > info.ts), "export overlapped commits");
+    assert_eq!(info.bytes, stream.len() as u64);
+    assert!(info.ts >= start_ts);
+    // The exporter's state at the exported timestamp, rebuilt from the commit log.
+    let mut expected = initial;
+    let mut log = log.lock().unwrap().clone();
+    log.sort_by_key(|e| e.0);
+    for (ts, table, key, value) in log.into_iter().filter(|e| e.0 <= info.ts) {
+        assert!(ts > start_ts);
+        match value {
+            Some(v) => expected.insert((table, key), v),
+            None => expected.remove(&(table, key)),
+        };
+    }
+    assert_eq!(digest_of(&expected), info.digest, "the stream's digest is the state at its ts");
+
+    let b = open(&db_dir.path());
+    seed_store(&b, 2, 50);
+    let installed = b.install_checkpoint(&mut stream.as_slice()).unwrap();
+    assert_eq!((installed.source_ts, installed.digest, installed.entries), (info.ts, info.digest, info.entries));
+    assert_eq!(b.digest(), info.digest);
+    assert_eq!(contents(&b), expected);
+    // One checkpoint and one fresh segment remain on disk.
+    assert_eq!(files(&db_dir.path(), "checkpoint-").len(), 1);
+    assert_eq!(files(&db_dir.path(), "wal-").len(), 1);
+    assert!(files(&db_dir.path(), "INSTALL").is_empty());
+    b.close().unwrap();
+
+    let b = open(&db_dir.path());
+    assert_eq!(b.recovery_report().checkpoint.map(|c| c.1), Some(installed.ts));
+    assert_eq!((b.digest(), contents(&b)), (info.digest, expected.clone()));
+    let ts = put(&b, "after", b"k", b"v");
+    assert_eq!(ts, installed.ts + 1, "timestamps continue from the installed state");
+    drop(b); // No clean close: the commit must come back from the WAL.
+    let b = open(&db_dir.path());
+    assert_eq!(get(&b, "after", b"k").as_deref(), Some(&b"v"[..]));
+    let mut with_after = expected;
+    with_after.insert(("after".into(), b"k".to_vec()), b"v".to_vec());
+    assert_eq!(contents(&b), with_after);
+    b.checkpoint().unwrap();
+    b.close().unwrap();
+    a.close().unwrap();
+}
+
+#[test]
+fn timestamps_continue_from_the_stream_or_past_the_local_log() {
+    let (da, db_dir) = (TestDir::new(), TestDir::new());
+    let a = open(&da.path());
+    for i in 0..20u32 {
+        put(&a, "t", &i.to_be_bytes(), b"a");
+    }
+    let mut stream = Vec::new();
+    let exported = a.export_checkpoint(&mut stream).unwrap();
+    // Behind: the installing store has fewer commits, so the stream's timestamp is kept.
+    let b = open(&db_dir.path());
+    put(&b, "t", b"x", b"b");
+    let info = b.install_checkpoint(&mut stream.as_slice()).unwrap();
+    assert_eq!((info.ts, info.source_ts, info.replaced_ts), (exported.ts, exported.ts, 1));
+    // Ahead: past the stream's timestamp, local timestamps never go backwards.
+    for i in 0..30u32 {
+        put(&b, "u", &i.to_be_bytes(), b"b");
+    }
+    let last = b.begin_read().unwrap().snapshot_ts();
+    let info = b.install_checkpoint(&mut stream.as_slice()).unwrap();
+    assert_eq!((info.ts, info.replaced_ts), (last + 1, last));
+    assert_eq!(b.digest(), exported.digest);
+    assert_eq!(put(&b, "t", b"new", b"n"), last + 2);
+    b.close().unwrap();
+    let b = open(&db_dir.path());
+    assert_eq!(get(&b, "t", b"new").as_deref(), Some(&b"n"[..]));
+    assert_eq!(get(&b, "u", &0u32.to_be_bytes()), None);
+}
+
+#[test]
+fn snapshots_keep_the_old_state_and_straddling_commits_conflict() {
+    let (da, db_dir) = (TestDir::new(), TestDir::new());
+    let a = open(&da.path());
+    put(&a, "t", b"k", b"from-a");
+    let ids_a: Vec<u64> = (0..3).map(|_| a.next_id().unwrap()).collect();
+    let mut stream = Vec::new();
+    a.export_checkpoint(&mut stream).unwrap();
+
+    let b = open(&db_dir.path());
+    put(&b, "t", b"k", b"from-b");
+    put(&b, "only-b", b"x", b"y");
+    let id_b = b.next_id().unwrap();
+    let old_reader = b.begin_read().unwrap();
+    let mut old_writer = b.begin_write().unwrap();
+    old_writer.put("t", b"k2", b"late").unwrap();
+    b.install_checkpoint(&mut stream.as_slice()).unwrap();
+
+    assert_eq!(old_reader.get("t", b"k").unwrap().as_deref(), Some(&b"from-b"[..]));
+    assert_eq!(old_reader.get("only-b", b"x").unwrap().as_deref(), Some(&b"y"[..]));
+    assert_eq!(get(&b, "t", b"k").as_deref(), Some(&b"from-a"[..]));
+    assert!(!b.begin_read().unwrap().tables().contains(&"only-b".to_owned()));
+    assert!(matches!(old_writer.commit(), Err(Error::Conflict(_))));
+    assert_eq!(get(&b, "t", b"k2"), None);
+    // Ids continue from the installed allocator, not from the replaced handle's block.
+    let next = b.next_id().unwrap();
+    assert_eq!(id_b, ids_a[0], "both stores handed out ids from their own first block");
+    assert!(next > *ids_a.iter().max().unwrap(), "id {next} may repeat one of {ids_a:?}");
+    drop(old_reader);
+    b.close().unwrap();
+}
