@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use keel_testkit::sim::SimFs;
+use keel_testkit::sim::{Fault, FaultOp, SimFs};
 use keel_testkit::workload::{sim_options, store_path};
 use keeldb::{Database, Durability, StateDigest, RESERVED_TABLE_PREFIX};
 
@@ -248,4 +248,35 @@ fn recovery_that_finishes_an_install_survives_crashes_at_every_step() {
         db.close().unwrap();
     }
     assert!(crashed_opens > 5, "the recovery was interrupted at several steps ({crashed_opens})");
+}
+
+/// An I/O error before the commit point leaves the handle working on the old state; one after
+/// it poisons the handle (reads still see the old state, writes are refused) and the next open,
+/// without any crash, finishes the install.
+#[test]
+fn install_io_errors_before_and_after_the_commit_point() {
+    let src = source(false);
+    let Built { fs, db, digest: old_digest, .. } = build(40_000);
+    fs.inject(Fault::new(FaultOp::SyncData).on_path("checkpoint-"));
+    assert!(db.install_checkpoint(&mut src.stream.as_slice()).is_err());
+    assert_eq!(db.digest(), old_digest);
+    assert!(fs.describe_dir(store_path()).iter().all(|l| !l.contains(".tmp") && !l.contains("INSTALL")));
+    commit(&db, 200, "t");
+    let digest = db.digest();
+    db.close().unwrap();
+    let db = Database::open(store_path(), sim_options(&fs, Durability::Sync)).unwrap();
+    assert_eq!(db.digest(), digest, "before the commit point: the old state and later commits");
+    drop(db);
+
+    let Built { fs, db, digest: old_digest, contents: old_contents } = build(40_001);
+    fs.inject(Fault::new(FaultOp::Remove).on_path("wal-"));
+    assert!(db.install_checkpoint(&mut src.stream.as_slice()).is_err());
+    assert_eq!((db.digest(), contents(&db)), (old_digest, old_contents), "memory keeps the old state");
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"k", b"v").unwrap();
+    assert!(matches!(tx.commit(), Err(keeldb::Error::Poisoned(_))));
+    drop(db);
+    let db = Database::open(store_path(), sim_options(&fs, Durability::Sync)).unwrap();
+    assert_eq!((db.digest(), contents(&db)), (src.digest, src.contents.clone()), "after: the new state");
+    db.close().unwrap();
 }

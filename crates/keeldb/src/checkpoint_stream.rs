@@ -274,6 +274,7 @@ pub(crate) fn receive(input: &mut dyn Read, options: &InstallOptions) -> Result<
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::checkpoint::read_checkpoint;

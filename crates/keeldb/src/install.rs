@@ -221,7 +221,8 @@ pub(crate) fn finish_pending(fs: &Arc<dyn FileSystem>, dir: &Path) -> Result<()>
 }
 
 /// Writes the received tables as `checkpoint-ts.kc.tmp` with ids from `base`, and fsyncs it.
-fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<(PathBuf, u32)> {
+/// Returns the id after the last one used.
+fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<u32> {
     let count = u32::try_from(rx.tables.len()).map_err(|_| Error::InvalidArgument("too many tables".into()))?;
     let next_id = base.checked_add(count).ok_or_else(|| Error::InvalidArgument("table ids exhausted".into()))?;
     let mut writer = CheckpointWriter::create(Arc::clone(&inner.fs), &inner.path, ts, next_id)?;
@@ -242,7 +243,8 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
     if writer.digest() != rx.digest {
         return Err(Error::corruption(&inner.path, 0, "installed checkpoint digest differs from the stream's"));
     }
-    Ok((writer.finish_unrenamed()?.0, next_id))
+    writer.finish_unrenamed()?;
+    Ok(next_id)
 }
 
 /// Waits, holding the sequencer, until every sequenced commit has been published.
@@ -254,13 +256,20 @@ fn drain(inner: &Inner, cs: &CommitState) -> Result<()> {
     Ok(())
 }
 
-/// Installs a received state. See the module comment and `docs/design/recovery.md`.
-pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
-    // No checkpoint runs meanwhile, and no commit is sequenced until the switch is done.
-    let mut retained = inner.checkpoint_lock.lock();
-    inner.check_writable()?;
-    let mut cs = inner.commit.lock();
-    drain(inner, &cs)?;
+/// What the install decided under the sequencer lock, before its commit point.
+struct Plan {
+    marker: Marker,
+    replaced_ts: u64,
+    /// The first new table id, and the one after the last.
+    base: u32,
+    next_id: u32,
+}
+
+/// Steps 1 to 3 of the protocol: chooses the timestamp and ids, writes and syncs the
+/// checkpoint, writes the marker. On an error before the commit point the temporary files are
+/// removed (best effort; recovery removes them too) and nothing else changed.
+fn prepare(inner: &Inner, cs: &CommitState, rx: &Received) -> Result<Plan> {
+    drain(inner, cs)?;
     let replaced_ts = cs.last_ts;
     let ts = rx.source_ts.max(replaced_ts + 1);
     let base = inner.catalog.read().all().iter().map(|t| t.id).max().unwrap_or(0).saturating_add(1);
@@ -268,14 +277,10 @@ pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
         let w = inner.wal.lock();
         (w.current().seq + 1, w.end_lsn())
     };
-    let (tmp, next_id) = match write_checkpoint(inner, &rx, ts, base) {
-        Ok(done) => done,
-        Err(e) => {
-            let tmp = inner.path.join(format!("{}.tmp", checkpoint_name(ts)));
-            let _ = inner.fs.remove_file(&tmp);
-            return Err(e);
-        }
-    };
+    let tmp = inner.path.join(format!("{}.tmp", checkpoint_name(ts)));
+    let next_id = write_checkpoint(inner, rx, ts, base).inspect_err(|_| {
+        let _ = inner.fs.remove_file(&tmp);
+    })?;
     let marker = Marker { ckpt_ts: ts, first_seq, start_lsn, digest: rx.digest };
     if let Err((committed, e)) = write_marker(inner.fs.as_ref(), &inner.path, &marker) {
         if committed {
@@ -286,6 +291,17 @@ pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
         }
         return Err(e);
     }
+    Ok(Plan { marker, replaced_ts, base, next_id })
+}
+
+/// Installs a received state. See the module comment and `docs/design/recovery.md`.
+pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
+    // No checkpoint runs meanwhile, and no commit is sequenced until the switch is done.
+    let mut retained = inner.checkpoint_lock.lock();
+    inner.check_writable()?;
+    let mut cs = inner.commit.lock();
+    let Plan { marker, replaced_ts, base, next_id } = prepare(inner, &cs, &rx)?;
+    let (ts, first_seq, start_lsn) = (marker.ckpt_ts, marker.first_seq, marker.start_lsn);
     // Committed: from here a failure leaves the old state in memory, refuses writes, and the
     // next open finishes the install.
     let finished = complete(&inner.fs, &inner.path, &marker, false).and_then(|path| {
@@ -293,13 +309,9 @@ pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
         let file = inner.fs.open(&seg, OpenMode::ReadWrite).map_err(io(&seg))?;
         Ok((path, seg, file))
     });
-    let (path, seg, file) = match finished {
-        Ok(done) => done,
-        Err(e) => {
-            inner.poison(format!("checkpoint install interrupted after its commit point ({e}); reopen to finish it"));
-            return Err(e);
-        }
-    };
+    let (path, seg, file) = finished.inspect_err(|e| {
+        inner.poison(format!("checkpoint install interrupted after its commit point ({e}); reopen to finish it"));
+    })?;
     let info = SegmentInfo { seq: first_seq, path: seg, start_lsn, end_lsn: start_lsn, last_ts: ts };
     let segment_bytes_max = inner.options.wal_segment_bytes.max(4096);
     *inner.wal.lock() =
@@ -314,6 +326,10 @@ pub(crate) fn install(inner: &Inner, rx: Received) -> Result<InstallInfo> {
     *retained = vec![(ts, path.clone())];
     inner.counters.wal_bytes_since_checkpoint.store(0, Ordering::Relaxed);
     *inner.ids.lock() = IdBlock::default();
+    // Without old snapshots the old tables can go now (the background collector would free
+    // them later, but a handle without background threads has no collector).
+    let horizon = inner.registry.horizon(&inner.visible_ts);
+    inner.catalog.write().collect(horizon);
     drop(cs);
     Ok(InstallInfo { ts, source_ts: rx.source_ts, replaced_ts, tables, entries, stream_bytes, path, digest })
 }

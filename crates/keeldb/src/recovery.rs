@@ -258,6 +258,13 @@ fn load_checkpoint(
 pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     let started = Instant::now();
     let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
+    if names.iter().any(|n| n == crate::install::INSTALL_MARKER) {
+        // The files are half old, half new by design until open finishes the install.
+        return Err(Error::InvalidArgument(format!(
+            "{} holds an unfinished checkpoint install; open the store to finish it",
+            dir.display()
+        )));
+    }
     let mut report = RecoveryReport::default();
     let (mut state, ckpt_ts, checkpoints, corrupt_checkpoints) = load_checkpoint(fs, dir, &names, &mut report)?;
 
