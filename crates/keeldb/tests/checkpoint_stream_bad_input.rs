@@ -207,3 +207,66 @@ fn checksummed_streams_with_wrong_contents_are_corruption() {
     let orphan = [t, entry_record(3, b"k", b"v")].concat();
     refused("entry of an unknown table", &crafted(&orphan, 1, 1, 0), InstallOptions::default(), corruption);
 }
+
+/// Random damage (flips, cuts, insertions, repeated spans) through the public API: never a
+/// panic, always a typed error, and the store unchanged after all of it.
+#[test]
+fn random_damage_is_always_refused_and_changes_nothing() {
+    let s = valid_stream();
+    let d = TestDir::new();
+    let b = open(&d.path());
+    put(&b, "b", b"k", b"v");
+    let before = fingerprint(&b, &d.path());
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for round in 0..300 {
+        let mut bad = s.clone();
+        match round % 4 {
+            0 => {
+                for _ in 0..1 + next(4) {
+                    let at = next(bad.len());
+                    bad[at] ^= 1 << next(8);
+                }
+            }
+            1 => bad.truncate(next(bad.len())),
+            2 => {
+                let at = next(bad.len());
+                let junk: Vec<u8> = (0..1 + next(64)).map(|_| next(256) as u8).collect();
+                bad.splice(at..at, junk);
+            }
+            _ => {
+                let (from, len) = (next(bad.len()), 1 + next(4096));
+                let span = bad[from..(from + len).min(bad.len())].to_vec();
+                let at = next(bad.len());
+                bad.splice(at..at, span);
+            }
+        }
+        let err = b.install_checkpoint(&mut bad.as_slice()).expect_err("damaged stream accepted");
+        assert!(either(&err), "round {round}: {err:?}");
+    }
+    assert!(fingerprint(&b, &d.path()) == before);
+    b.close().unwrap();
+}
+
+/// A marker that fails its checksum is corruption at open, and `keel verify` refuses a store
+/// with a marker (its files are half old, half new until an open finishes the install).
+#[test]
+fn a_damaged_install_marker_is_corruption_and_verify_refuses_a_pending_install() {
+    let d = TestDir::new();
+    let b = open(&d.path());
+    put(&b, "b", b"k", b"v");
+    b.close().unwrap();
+    std::fs::write(d.path().join("INSTALL"), [0u8; 64]).unwrap();
+    assert!(matches!(keeldb::verify(d.path()), Err(Error::InvalidArgument(_))));
+    let err = Database::open(d.path(), opts(keeldb::Durability::Sync)).expect_err("opened with a bad marker");
+    assert!(corruption(&err), "{err:?}");
+    std::fs::remove_file(d.path().join("INSTALL")).unwrap();
+    let b = open(&d.path());
+    assert_eq!(get(&b, "b", b"k").as_deref(), Some(&b"v"[..]));
+    b.close().unwrap();
+}
