@@ -95,17 +95,11 @@ pub(crate) fn export(inner: &Inner, out: &mut dyn Write) -> Result<ExportInfo> {
     let mut enc = CheckpointEncoder::new(out, snap, next_id).map_err(io)?;
     for t in &tables {
         enc.table(t.id, &t.name).map_err(io)?;
-        let mut range = KeyRange { start: Bound::Unbounded, end: Bound::Unbounded };
-        loop {
-            let (chunk, more) = t.data.read().scan_chunk(&range, false, snap, 1024);
-            for (k, v) in &chunk {
-                enc.entry(t.id, k, v).map_err(io)?;
-            }
-            match chunk.last() {
-                Some((k, _)) if more => range.start = Bound::Excluded(k.clone()),
-                _ => break,
-            }
-        }
+        // One chunk per read lock, so a long export never holds a table against a commit.
+        for_each_entry(
+            |range| t.data.read().scan_chunk(range, false, snap, 1024),
+            |k, v| enc.entry(t.id, k, v).map_err(io),
+        )?;
     }
     let digest = enc.digest();
     if digest != expected {
@@ -118,6 +112,25 @@ pub(crate) fn export(inner: &Inner, out: &mut dyn Write) -> Result<ExportInfo> {
     let (tables, entries) = enc.counts();
     let (_, bytes) = enc.finish().map_err(io)?;
     Ok(ExportInfo { ts: snap, bytes, tables, entries, digest })
+}
+
+/// Calls `f` on every entry `chunk` yields, in key order, asking for the next chunk after the
+/// last key of the previous one (`chunk` is a `TableData::scan_chunk` call).
+pub(crate) fn for_each_entry(
+    mut chunk: impl FnMut(&KeyRange) -> (Vec<(Vec<u8>, Vec<u8>)>, bool),
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut range = KeyRange { start: Bound::Unbounded, end: Bound::Unbounded };
+    loop {
+        let (entries, more) = chunk(&range);
+        for (k, v) in &entries {
+            f(k, v)?;
+        }
+        match entries.last() {
+            Some((k, _)) if more => range.start = Bound::Excluded(k.clone()),
+            _ => return Ok(()),
+        }
+    }
 }
 
 /// One table of a received state: its name and its entries, every version at timestamp 0

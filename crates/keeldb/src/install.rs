@@ -17,14 +17,14 @@ use std::time::Duration;
 use parking_lot::RwLock;
 
 use crate::checkpoint::{checkpoint_name, parse_checkpoint_name, read_checkpoint, CheckpointSink, CheckpointWriter};
-use crate::checkpoint_stream::{Received, ReceivedTable};
+use crate::checkpoint_stream::{for_each_entry, Received, ReceivedTable};
 use crate::codec::{le_u32, le_u64, PutBytes};
 use crate::db::{IdBlock, Inner};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
 use crate::group_commit::CommitState;
-use crate::index::{FastMap, KeyRange, Table};
+use crate::index::{FastMap, Table};
 use crate::recovery::StateBuilder;
 use crate::wal::{self, SegmentInfo, WalWriter};
 
@@ -228,17 +228,7 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
     let mut writer = CheckpointWriter::create(Arc::clone(&inner.fs), &inner.path, ts, next_id)?;
     for (id, t) in (base..).zip(&rx.tables) {
         writer.table(id, &t.name)?;
-        let mut range = KeyRange { start: std::ops::Bound::Unbounded, end: std::ops::Bound::Unbounded };
-        loop {
-            let (chunk, more) = t.data.scan_chunk(&range, false, u64::MAX, 1024);
-            for (k, v) in &chunk {
-                writer.entry(id, k, v)?;
-            }
-            match chunk.last() {
-                Some((k, _)) if more => range.start = std::ops::Bound::Excluded(k.clone()),
-                _ => break,
-            }
-        }
+        for_each_entry(|range| t.data.scan_chunk(range, false, u64::MAX, 1024), |k, v| writer.entry(id, k, v))?;
     }
     if writer.digest() != rx.digest {
         return Err(Error::corruption(&inner.path, 0, "installed checkpoint digest differs from the stream's"));

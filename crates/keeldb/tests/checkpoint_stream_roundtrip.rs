@@ -204,3 +204,61 @@ fn snapshots_keep_the_old_state_and_straddling_commits_conflict() {
     drop(old_reader);
     b.close().unwrap();
 }
+
+/// A sink that stalls after its first write until told to go on, like a peer that stopped
+/// reading; it gives up waiting after a minute so a regression fails instead of hanging.
+struct StalledSink {
+    bytes: Vec<u8>,
+    started: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl std::io::Write for StalledSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.is_empty() {
+            let _ = self.started.send(());
+            let _ = self.go.recv_timeout(std::time::Duration::from_secs(60));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn commits_and_checkpoints_never_wait_for_a_stalled_export() {
+    let d = TestDir::new();
+    let a = open(&d.path());
+    seed_store(&a, 4, 500);
+    let before = a.digest();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let exporter = {
+        let (a, done) = (a.clone(), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut sink = StalledSink { bytes: Vec::new(), started: started_tx, go: go_rx };
+            let info = a.export_checkpoint(&mut sink).unwrap();
+            done.store(true, std::sync::atomic::Ordering::Release);
+            (info, sink.bytes)
+        })
+    };
+    started.recv().unwrap();
+    for i in 0..50u32 {
+        put(&a, "t0", format!("key-{i:05}").as_bytes(), b"overwritten during the export");
+    }
+    a.checkpoint().unwrap();
+    assert!(!done.load(std::sync::atomic::Ordering::Acquire), "the commits waited for the export");
+    go.send(()).unwrap();
+    let (info, bytes) = exporter.join().unwrap();
+    // The export holds the state from before those commits.
+    assert_eq!(info.digest, before);
+    let e = TestDir::new();
+    let b = open(&e.path());
+    b.install_checkpoint(&mut bytes.as_slice()).unwrap();
+    assert_eq!(b.digest(), before);
+    b.close().unwrap();
+    a.close().unwrap();
+}
