@@ -253,6 +253,21 @@ fn random_damage_is_always_refused_and_changes_nothing() {
     b.close().unwrap();
 }
 
+/// The fuzz entry point agrees with the real install on a valid stream and survives damage
+/// (it runs the same reader; `fuzz/fuzz_targets/checkpoint_stream.rs` drives it).
+#[test]
+fn fuzz_entry_point_reads_valid_streams_and_refuses_damaged_ones() {
+    let s = valid_stream();
+    assert_eq!(keeldb::fuzz_api::checkpoint_stream(&s), Ok(2000));
+    for cut in (0..s.len()).step_by(s.len() / 50) {
+        assert!(keeldb::fuzz_api::checkpoint_stream(&s[..cut]).is_err());
+    }
+    for len in 0..200usize {
+        let junk: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+        assert!(keeldb::fuzz_api::checkpoint_stream(&junk).is_err());
+    }
+}
+
 /// A marker that fails its checksum is corruption at open, and `keel verify` refuses a store
 /// with a marker (its files are half old, half new until an open finishes the install).
 #[test]
