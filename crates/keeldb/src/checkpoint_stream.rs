@@ -42,6 +42,9 @@ pub struct ExportInfo {
     pub digest: StateDigest,
 }
 
+/// Streams at or above this timestamp are refused: nothing could commit after them.
+const MAX_SOURCE_TS: u64 = 1 << 63;
+
 /// Limits for [`crate::Database::install_checkpoint_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstallOptions {
@@ -249,6 +252,10 @@ pub(crate) fn receive(input: &mut dyn Read, options: &InstallOptions) -> Result<
     };
     let mut r = Bounded { input, pos: 0, limit, declared: options.expected_bytes.is_some() };
     let header = decode_header(&r.take(HEADER_BYTES, "the header")?).map_err(bad)?;
+    if header.ts >= MAX_SOURCE_TS {
+        // Local timestamps continue from it; this leaves room for 2^63 more commits.
+        return Err(Error::InvalidArgument(format!("checkpoint stream timestamp {} is out of range", header.ts)));
+    }
     let mut decoder = BlockDecoder::default();
     let mut builder = Builder::default();
     let footer = loop {

@@ -153,6 +153,10 @@ fn verify_checkpoint(fs: &dyn FileSystem, path: &Path, marker: &Marker) -> Resul
 /// `verify` re-reads the checkpoint before anything is deleted (recovery does; the live
 /// install has just written and synced it).
 pub(crate) fn complete(fs: &Arc<dyn FileSystem>, dir: &Path, marker: &Marker, verify: bool) -> Result<PathBuf> {
+    let first_ts = marker
+        .ckpt_ts
+        .checked_add(1)
+        .ok_or_else(|| Error::corruption(dir.join(INSTALL_MARKER), 16, "install timestamp out of range"))?;
     let target = dir.join(checkpoint_name(marker.ckpt_ts));
     let tmp = dir.join(format!("{}.tmp", checkpoint_name(marker.ckpt_ts)));
     if fs.exists(&tmp).map_err(io(&tmp))? {
@@ -176,7 +180,7 @@ pub(crate) fn complete(fs: &Arc<dyn FileSystem>, dir: &Path, marker: &Marker, ve
     let segment = dir.join(wal::segment_name(marker.first_seq));
     if fs.exists(&segment).map_err(io(&segment))? {
         let bytes = fs.open(&segment, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(io(&segment))?;
-        let expected = (marker.first_seq, marker.start_lsn, marker.ckpt_ts + 1);
+        let expected = (marker.first_seq, marker.start_lsn, first_ts);
         let keep = wal::decode_segment_header(&bytes).is_ok_and(|h| (h.seq, h.start_lsn, h.first_ts) == expected);
         if !keep {
             // A creation the crash tore: nothing was ever written after its header.
@@ -184,7 +188,6 @@ pub(crate) fn complete(fs: &Arc<dyn FileSystem>, dir: &Path, marker: &Marker, ve
         }
     }
     if !fs.exists(&segment).map_err(io(&segment))? {
-        let first_ts = marker.ckpt_ts + 1;
         drop(WalWriter::create(
             Arc::clone(fs),
             dir,
@@ -226,7 +229,8 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
     let count = u32::try_from(rx.tables.len()).map_err(|_| Error::InvalidArgument("too many tables".into()))?;
     let next_id = base.checked_add(count).ok_or_else(|| Error::InvalidArgument("table ids exhausted".into()))?;
     let mut writer = CheckpointWriter::create(Arc::clone(&inner.fs), &inner.path, ts, next_id)?;
-    for (id, t) in (base..).zip(&rx.tables) {
+    // Tables first in the zip: the id range is never advanced past the last table.
+    for (t, id) in rx.tables.iter().zip(base..) {
         writer.table(id, &t.name)?;
         for_each_entry(|range| t.data.scan_chunk(range, false, u64::MAX, 1024), |k, v| writer.entry(id, k, v))?;
     }
@@ -340,7 +344,7 @@ fn switch_memory(
     for old in catalog.live() {
         old.dropped_ts.store(ts, Ordering::Release);
     }
-    for (id, t) in (base..).zip(tables) {
+    for (t, id) in tables.into_iter().zip(base..) {
         live.insert(Arc::clone(&t.name), id);
         catalog.insert(Arc::new(Table {
             id,

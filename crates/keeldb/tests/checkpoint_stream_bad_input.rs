@@ -38,10 +38,14 @@ fn valid_stream() -> Vec<u8> {
 
 /// A stream of one block holding `records`, with a footer whose CRC is right.
 fn crafted(records: &[u8], tables: u64, entries: u64, digest: u128) -> Vec<u8> {
+    crafted_at(5, records, tables, entries, digest)
+}
+
+fn crafted_at(ts: u64, records: &[u8], tables: u64, entries: u64, digest: u128) -> Vec<u8> {
     let mut s = b"KEELCKP\0".to_vec();
     s.extend_from_slice(&1u32.to_le_bytes());
     s.extend_from_slice(&9u32.to_le_bytes());
-    s.extend_from_slice(&5u64.to_le_bytes());
+    s.extend_from_slice(&ts.to_le_bytes());
     s.resize(60, 0);
     let crc = crc32c(&s);
     s.extend_from_slice(&crc.to_le_bytes());
@@ -49,7 +53,7 @@ fn crafted(records: &[u8], tables: u64, entries: u64, digest: u128) -> Vec<u8> {
     s.extend_from_slice(&crc32c(records).to_le_bytes());
     s.extend_from_slice(records);
     let mut f = b"KEELCKPF".to_vec();
-    for v in [5u64, tables, entries, 1] {
+    for v in [ts, tables, entries, 1] {
         f.extend_from_slice(&v.to_le_bytes());
     }
     f.extend_from_slice(&digest.to_le_bytes());
@@ -196,6 +200,7 @@ fn checksummed_streams_with_wrong_contents_are_corruption() {
     assert_eq!((info.entries, db.digest()), (2, digest));
     db.close().unwrap();
 
+    refused("timestamp out of range", &crafted_at(u64::MAX, &good, 1, 2, digest.0), InstallOptions::default(), invalid);
     refused("digest mismatch", &crafted(&good, 1, 2, digest.0 ^ 1), InstallOptions::default(), corruption);
     refused("count mismatch", &crafted(&good, 1, 3, digest.0), InstallOptions::default(), corruption);
     let mut twice = digest;
