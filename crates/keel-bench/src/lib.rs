@@ -39,8 +39,8 @@ pub use crate::child::{child_main, CHILD_COMMAND};
 pub use crate::peers::KNOWN_PEERS;
 
 /// Suite names in the order `keel bench` runs them.
-pub const SUITES: [&str; 7] =
-    ["durability", "group-commit", "sqlite-compare", "mvcc", "recovery", "scale", "cpu-accounting"];
+pub const SUITES: [&str; 8] =
+    ["durability", "group-commit", "sqlite-compare", "mvcc", "recovery", "scale", "cpu-accounting", "engine"];
 
 /// How much work each suite does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -240,6 +240,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "recovery" => suites::recovery::run(&context)?,
             "scale" => suites::scale::run(&context)?,
             "cpu-accounting" => suites::cpu_accounting::run(&context)?,
+            "engine" => suites::engine::run(&context)?,
             other => bail!("suite `{other}` has no runner"),
         };
         context.progress.line(suite, format!("done ({} rows)", suite_rows.len()));

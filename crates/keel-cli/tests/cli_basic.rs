@@ -260,3 +260,38 @@ fn bench_smoke_run_writes_schema_json() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+fn bench_engine_suite_reports_apply_async_and_history_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("engine.json");
+    let output = keel(&[
+        "bench",
+        "--tiny",
+        "--suite",
+        "engine",
+        "--json",
+        path_arg(&json_path),
+        "--dir",
+        path_arg(dir.path()),
+        "--peers",
+        "none",
+    ]);
+    expect_code(&output, 0);
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let value = |case: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["case"] == case && r["metric"] == metric)
+            .and_then(|r| r["value"].as_f64())
+            .unwrap_or_else(|| panic!("no row {case}/{metric} in {rows:?}"))
+    };
+    for case in ["apply_batch_1", "apply_batch_64"] {
+        assert!(value(case, "commands_per_s") > 0.0);
+    }
+    for case in ["threads_64", "async_tasks_64_one_thread", "async_tasks_1024_one_thread"] {
+        assert!(value(case, "commits_per_s") > 0.0);
+        assert!(value(case, "commits_per_sync") >= 1.0, "{case}: every fdatasync carries at least one commit");
+    }
+    assert!(value("overwrite_8b_key_32b_value", "feed_bytes_per_change") > 40.0, "a change holds its key and value");
+}

@@ -47,6 +47,10 @@ pub struct ConcurrentWorkload {
     pub fault_model: FaultModel,
     /// How long each simulated fdatasync takes.
     pub sync_delay: Duration,
+    /// Whether odd-numbered threads commit through `WriteTxn::commit_async` (each driving its
+    /// futures with a minimal executor), so async and blocking committers share the pipeline
+    /// when the machine stops.
+    pub async_commits: bool,
 }
 
 impl ConcurrentWorkload {
@@ -62,6 +66,7 @@ impl ConcurrentWorkload {
             checkpoint_wal_bytes: 12 * 1024,
             fault_model: FaultModel::default(),
             sync_delay: Duration::from_micros(300),
+            async_commits: false,
         }
     }
 }
@@ -169,10 +174,31 @@ fn commit_loop(
                 }
             }
         }
-        match tx.commit() {
+        let committed = if cfg.async_commits && t % 2 == 1 { block_on(tx.commit_async()) } else { tx.commit() };
+        match committed {
             Ok(info) => log.lock().acked.push((seq, info.ts, durability)),
             Err(_) => return,
         }
+    }
+}
+
+/// Drives one future to completion on this thread: poll, park until woken, poll again.
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        // A spurious unpark only costs one more poll.
+        std::thread::park_timeout(Duration::from_millis(50));
     }
 }
 

@@ -48,6 +48,13 @@ fn concurrent_periodic_with_worker() {
 }
 
 #[test]
+fn concurrent_async_and_blocking_committers() {
+    let cfg =
+        ConcurrentWorkload { async_commits: true, mixed_durability: true, ..ConcurrentWorkload::new(Durability::Sync) };
+    check("concurrent_async_and_blocking_committers", 26_000, 30, &cfg);
+}
+
+#[test]
 fn concurrent_mixed_durability() {
     let cfg = ConcurrentWorkload { mixed_durability: true, ..ConcurrentWorkload::new(Durability::Relaxed) };
     check("concurrent_mixed_durability", 22_000, 40, &cfg);

@@ -5,6 +5,7 @@
 
 pub mod cpu_accounting;
 pub mod durability;
+pub mod engine;
 pub mod group_commit;
 pub mod mvcc;
 pub mod recovery;
