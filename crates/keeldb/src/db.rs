@@ -484,8 +484,8 @@ impl Database {
 
     /// A future that completes with the newest visible commit timestamp once it is greater
     /// than `after` (or with [`Error::Closed`]). It needs no particular async runtime.
-    pub fn wait_for_commit_after(&self, after: u64) -> crate::history::CommitWait {
-        crate::history::CommitWait { db: Arc::clone(&self.inner), after }
+    pub fn wait_for_commit_after(&self, after: u64) -> CommitWait {
+        CommitWait { db: Arc::clone(&self.inner), after }
     }
 
     /// Blocks until a commit newer than `after` is visible or `timeout` passes; returns the
@@ -674,5 +674,36 @@ impl Drop for Inner {
             let _ = self.committer.write_close_mark();
             self.save_accounting();
         }
+    }
+}
+
+/// A future that completes with the newest visible commit timestamp once it is greater than
+/// the timestamp it was created with. Runtime-agnostic: it stores the task's waker, and
+/// publication wakes it.
+#[derive(Debug)]
+pub struct CommitWait {
+    pub(crate) db: Arc<Inner>,
+    pub(crate) after: u64,
+}
+
+impl std::future::Future for CommitWait {
+    type Output = crate::Result<u64>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let view = self.db.published();
+        let now = view.visible_ts();
+        if now > self.after {
+            return std::task::Poll::Ready(Ok(now));
+        }
+        if let Err(e) = self.db.check_open() {
+            return std::task::Poll::Ready(Err(e));
+        }
+        view.history.register(cx.waker());
+        // Checked again after registering, so a commit published in between is not missed.
+        let now = view.visible_ts();
+        if now > self.after {
+            return std::task::Poll::Ready(Ok(now));
+        }
+        std::task::Poll::Pending
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -157,7 +157,7 @@ impl History {
         }
     }
 
-    fn register(&self, waker: &Waker) {
+    pub fn register(&self, waker: &Waker) {
         let mut wakers = self.wakers.lock();
         if !wakers.iter().any(|w| w.will_wake(waker)) {
             wakers.push(waker.clone());
@@ -177,36 +177,5 @@ impl History {
             }
             self.blocking.wait_until(&mut guard, deadline);
         }
-    }
-}
-
-/// A future that completes with the newest visible commit timestamp once it is greater than
-/// the timestamp it was created with. Runtime-agnostic: it stores the task's waker, and
-/// publication wakes it.
-#[derive(Debug)]
-pub struct CommitWait {
-    pub(crate) db: Arc<crate::db::Inner>,
-    pub(crate) after: u64,
-}
-
-impl std::future::Future for CommitWait {
-    type Output = crate::Result<u64>;
-
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let view = self.db.published();
-        let now = view.visible_ts();
-        if now > self.after {
-            return Poll::Ready(Ok(now));
-        }
-        if let Err(e) = self.db.check_open() {
-            return Poll::Ready(Err(e));
-        }
-        view.history.register(cx.waker());
-        // Checked again after registering, so a commit published in between is not missed.
-        let now = view.visible_ts();
-        if now > self.after {
-            return Poll::Ready(Ok(now));
-        }
-        Poll::Pending
     }
 }

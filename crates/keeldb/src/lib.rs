@@ -50,11 +50,11 @@ mod wal;
 
 pub use commit::{ApplyOutcome, Command, Condition};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
-pub use db::{conflict_backoff, CheckpointInfo, Database, Stats, TableStats, TxnOptions};
+pub use db::{conflict_backoff, CheckpointInfo, CommitWait, Database, Stats, TableStats, TxnOptions};
 pub use digest::StateDigest;
 pub use error::{ConflictReason, Error, Location, Result};
 pub use graph::{Graph, GraphError};
-pub use history::{Change, ChangeKind, CommitWait};
+pub use history::{Change, ChangeKind};
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};
