@@ -34,7 +34,6 @@ use crate::fs::FileHandle;
 use crate::index::Table;
 use crate::options::Durability;
 use crate::types::LogPosition;
-use crate::wal;
 
 /// A validated commit in a batch.
 #[derive(Debug)]
@@ -261,7 +260,8 @@ impl Committer {
                 tables.clear();
             }
             let ts = seq.last_ts + 1;
-            let (tables, mut payload) = seq.resolve(tables, ts);
+            let before = frames.len();
+            let (tables, mut payload) = seq.resolve(tables, ts, std::mem::take(&mut frames));
             if let Some(p) = position {
                 payload.applied_position(p);
                 seq.last_position = Some(p);
@@ -269,11 +269,8 @@ impl Committer {
             if let Some(o) = &mut overlay {
                 o.record(&tables);
             }
-            let payload = payload.finish();
-            let before = frames.len();
-            frames.reserve(wal::frame_bytes(payload.len()));
             let durable = self.durable_lsn.load(Ordering::Acquire);
-            wal::encode_frame(&mut frames, seq.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
+            frames = payload.finish_frame(seq.next_lsn, durable, ts);
             seq.next_lsn += (frames.len() - before) as u64;
             seq.last_ts = ts;
             commits.push(Pending { ts, tables, durability, waiter, position, failed_condition });
