@@ -47,7 +47,8 @@ fn main() {
             let commands: Vec<(LogPosition, Command)> = (index + 1..=index + n)
                 .map(|i| {
                     let id = keys.map_or(i, |k| i % k);
-                    let mut k = id.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes().to_vec();
+                    let mut k = Vec::with_capacity(16);
+                    k.extend_from_slice(&id.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
                     k.extend_from_slice(&id.to_be_bytes());
                     (LogPosition::new(i, 1), Command::new().put("kv", k, [7u8; 32]))
                 })

@@ -407,6 +407,9 @@ impl Committer {
         let view = &self.published;
         let horizon = view.horizon();
         let mut digest = view.digest.lock();
+        // The table the previous commit wrote: a log of commands to one table looks it up once
+        // per batch, not once per commit.
+        let mut last_table: Option<Arc<Table>> = None;
         for p in batch {
             for ta in &p.tables {
                 if ta.drop_id.is_some() || ta.create {
@@ -418,12 +421,15 @@ impl Committer {
                     if ta.create {
                         catalog.insert(Arc::new(Table::new(ta.id, Arc::clone(&ta.name), p.ts)));
                     }
+                    last_table = None;
                 }
                 if ta.id == 0 || ta.writes.is_empty() {
                     continue;
                 }
-                let table = view.catalog.read().by_id(ta.id).cloned();
-                let Some(table) = table else { continue };
+                if last_table.as_ref().is_none_or(|t| t.id != ta.id) {
+                    last_table = view.catalog.read().by_id(ta.id).cloned();
+                }
+                let Some(table) = &last_table else { continue };
                 let mut data = table.data.write();
                 for (k, v) in &ta.writes {
                     data.apply(&table.name, k, v.as_deref(), p.ts, horizon, &mut digest);
