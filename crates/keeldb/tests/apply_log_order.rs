@@ -256,3 +256,20 @@ fn concurrent_transactions_on_other_tables_do_not_change_log_outcomes() {
     assert_eq!(db.applied(), reference.applied());
     assert!(db.stats().commits > 400, "the transactions ran alongside the log");
 }
+
+#[test]
+fn within_a_command_the_last_write_to_a_key_wins() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    let cmd =
+        Command::new().put("b", "k", "1").put("a", "k", "x").delete("b", "k").put("b", "k", "3").put("b", "j", "2");
+    assert_eq!(
+        db.apply_batch(vec![(LogPosition::new(1, 1), cmd)])[0].as_ref().unwrap(),
+        &ApplyOutcome::Applied { ts: 1 }
+    );
+    assert_eq!(scan_all(&db, "b"), vec![(b"j".to_vec(), b"2".to_vec()), (b"k".to_vec(), b"3".to_vec())]);
+    assert_eq!(get(&db, "a", b"k").as_deref(), Some(&b"x"[..]));
+    let cmd = Command::new().put("b", "k", "4").delete("b", "k");
+    db.apply_batch(vec![(LogPosition::new(2, 1), cmd)]).pop().unwrap().unwrap();
+    assert_eq!(get(&db, "b", b"k"), None);
+}
