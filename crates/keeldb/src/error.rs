@@ -165,8 +165,6 @@ pub enum ConflictReason {
     TableWritten,
     /// (Serializable) a key or range this transaction read was changed after its snapshot.
     ReadChanged,
-    /// (Log apply) a condition the command carries did not hold against the state in log order.
-    ConditionFailed,
 }
 
 /// A key for messages: quoted text when it is short UTF-8, otherwise hex (first 32 bytes).
@@ -191,11 +189,7 @@ fn describe_conflict(table: &str, key: Option<&[u8]>, reason: ConflictReason) ->
         }
         (ConflictReason::TableDropped, _) => format!("table {table:?} was dropped by a concurrent commit"),
         (ConflictReason::TableWritten, _) => format!("table {table:?} was written by a concurrent commit"),
-        (ConflictReason::ConditionFailed, Some(k)) => {
-            format!("condition on key {k} in table {table:?} did not hold")
-        }
-        (ConflictReason::ConditionFailed, None) => format!("condition on table {table:?} did not hold"),
-        (_, _) => format!("table {table:?} was changed by a concurrent commit"),
+        (ConflictReason::KeyWritten, None) => format!("table {table:?} was changed by a concurrent commit"),
     }
 }
 

@@ -47,6 +47,7 @@ mod txn;
 mod types;
 mod verify;
 mod wal;
+mod wal_writer;
 
 pub use commit::{ApplyOutcome, Command, Condition};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};

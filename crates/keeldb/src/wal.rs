@@ -1,8 +1,9 @@
 //! The write-ahead log: segment files of checksummed frames, and the writer that appends them.
 //!
 //! This module owns the WAL byte format (see `docs/design/format.md`), frame encoding and
-//! decoding, and the [`WalWriter`] that appends batches and rolls segments. It does not decide
-//! when to sync (that is group commit's job) and never touches the in-memory index.
+//! decoding, and segment scanning; `wal_writer.rs` holds the [`WalWriter`] that appends
+//! batches and rolls segments. Neither decides when to sync (that is the committer's job) nor
+//! touches the in-memory index.
 //!
 //! LSNs (log sequence numbers) are logical byte offsets over the frames of all segments,
 //! excluding segment headers. Every frame records its own LSN (so a frame found at the wrong
@@ -10,12 +11,8 @@
 //! fdatasynced when this frame was written. Recovery uses the claims to tell a torn, unsynced
 //! tail (legitimately lost) from corruption of bytes that had been made durable.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
 use crate::codec::{le_u32, le_u64, DecodeError, PutBytes, Reader};
-use crate::error::{Error, Result};
-use crate::fs::{write_all_at, FileHandle, FileSystem, OpenMode};
+use crate::error::Result;
 use crate::options::{MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 use crate::types::LogPosition;
 
@@ -46,18 +43,59 @@ pub(crate) enum Op<'a> {
     DropTable { table: u32 },
 }
 
-/// Builds a commit payload: `kind | op count | ops`.
+/// Builds a commit payload: `kind | op count | ops [fields]`, either on its own
+/// ([`PayloadBuilder::new`], [`PayloadBuilder::finish`]) or in place inside a batch's frame
+/// buffer ([`PayloadBuilder::in_frame`], [`PayloadBuilder::finish_frame`]), which saves the
+/// commit path one allocation and one copy per commit.
 pub(crate) struct PayloadBuilder {
     buf: Vec<u8>,
+    /// Where the payload starts in `buf`.
+    start: usize,
     ops: u32,
 }
 
 impl PayloadBuilder {
+    /// A payload on its own (tests and decoders' fixtures; the commit path builds in place).
+    #[cfg(test)]
     pub fn new(capacity: usize) -> Self {
         let mut buf = Vec::with_capacity(capacity + 5);
         buf.put_u8(KIND_COMMIT);
         buf.put_u32(0);
-        PayloadBuilder { buf, ops: 0 }
+        PayloadBuilder { buf, start: 0, ops: 0 }
+    }
+
+    /// Starts a frame at the end of `frames` (header space first) and builds its payload in
+    /// place; [`PayloadBuilder::finish_frame`] fills in the header and padding.
+    pub fn in_frame(mut frames: Vec<u8>, capacity: usize) -> Self {
+        frames.reserve(FRAME_HEADER_BYTES + capacity + 5 + 8);
+        frames.resize(frames.len() + FRAME_HEADER_BYTES, 0);
+        let start = frames.len();
+        frames.put_u8(KIND_COMMIT);
+        frames.put_u32(0);
+        PayloadBuilder { buf: frames, start, ops: 0 }
+    }
+
+    /// Completes the frame begun by [`PayloadBuilder::in_frame`]: the same bytes
+    /// [`encode_frame`] writes for this payload. Returns the buffer with the frame appended.
+    pub fn finish_frame(mut self, lsn: u64, durable_lsn: u64, ts: u64) -> Vec<u8> {
+        self.patch_count();
+        let start = self.start;
+        let payload = self.buf.get(start..).unwrap_or_default();
+        let header = frame_header(payload.len(), lsn, durable_lsn, ts, crc32c::crc32c(payload));
+        let frame_start = start.saturating_sub(FRAME_HEADER_BYTES);
+        if let Some(slot) = self.buf.get_mut(frame_start..start) {
+            slot.copy_from_slice(&header);
+        }
+        let payload_len = self.buf.len() - start;
+        self.buf.resize(frame_start + frame_bytes(payload_len), 0);
+        self.buf
+    }
+
+    fn patch_count(&mut self) {
+        let at = self.start + 1;
+        if let Some(slot) = self.buf.get_mut(at..at + 4) {
+            slot.copy_from_slice(&self.ops.to_le_bytes());
+        }
     }
     pub fn put(&mut self, table: u32, key: &[u8], value: &[u8]) {
         self.buf.put_u8(OP_PUT);
@@ -89,10 +127,9 @@ impl PayloadBuilder {
         self.buf.put_u64(pos.index);
         self.buf.put_u64(pos.term);
     }
+    #[cfg(test)]
     pub fn finish(mut self) -> Vec<u8> {
-        if let Some(slot) = self.buf.get_mut(1..5) {
-            slot.copy_from_slice(&self.ops.to_le_bytes());
-        }
+        self.patch_count();
         self.buf
     }
 }
@@ -180,18 +217,27 @@ pub(crate) fn frame_bytes(payload_len: usize) -> usize {
     FRAME_HEADER_BYTES + padded(payload_len)
 }
 
+/// A frame header for a payload of `payload_len` bytes with CRC `payload_crc`.
+fn frame_header(payload_len: usize, lsn: u64, durable_lsn: u64, ts: u64, payload_crc: u32) -> [u8; FRAME_HEADER_BYTES] {
+    let mut h = Vec::with_capacity(FRAME_HEADER_BYTES);
+    h.put_u32(FRAME_MAGIC);
+    h.put_u32(payload_len as u32);
+    h.put_u64(lsn);
+    h.put_u64(durable_lsn);
+    h.put_u64(ts);
+    h.put_u32(payload_crc);
+    let header_crc = crc32c::crc32c(&h);
+    h.put_u32(header_crc);
+    let mut out = [0u8; FRAME_HEADER_BYTES];
+    out.copy_from_slice(h.get(..FRAME_HEADER_BYTES).unwrap_or(&[0u8; FRAME_HEADER_BYTES]));
+    out
+}
+
 /// Appends a complete frame (header, payload, zero padding) to `out`.
 pub(crate) fn encode_frame(out: &mut Vec<u8>, lsn: u64, durable_lsn: u64, ts: u64, payload: &[u8], payload_crc: u32) {
     debug_assert_eq!(payload_crc, crc32c::crc32c(payload));
     let start = out.len();
-    out.put_u32(FRAME_MAGIC);
-    out.put_u32(payload.len() as u32);
-    out.put_u64(lsn);
-    out.put_u64(durable_lsn);
-    out.put_u64(ts);
-    out.put_u32(payload_crc);
-    let header_crc = crc32c::crc32c(out.get(start..).unwrap_or_default());
-    out.put_u32(header_crc);
+    out.extend_from_slice(&frame_header(payload.len(), lsn, durable_lsn, ts, payload_crc));
     out.extend_from_slice(payload);
     out.resize(start + frame_bytes(payload.len()), 0);
 }
@@ -266,6 +312,7 @@ pub(crate) fn decode_segment_header(buf: &[u8]) -> std::result::Result<SegmentHe
 }
 
 pub(crate) use crate::files::{parse_segment_name, segment_name};
+pub(crate) use crate::wal_writer::{SegmentInfo, WalWriter};
 
 /// A frame found valid by [`scan_segment`].
 #[derive(Debug)]
@@ -355,166 +402,6 @@ pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
     SegmentScan { frames, valid_end: pos as u64, bad, later_valid_frames, later_max_durable_lsn }
 }
 
-/// Description of a segment on disk, as the writer and recovery know it.
-#[derive(Debug, Clone)]
-pub(crate) struct SegmentInfo {
-    pub seq: u64,
-    pub path: PathBuf,
-    pub start_lsn: u64,
-    /// LSN just past the last frame written so far.
-    pub end_lsn: u64,
-    /// Timestamp of the last commit in the segment (`first_ts - 1` when it holds none).
-    pub last_ts: u64,
-}
-
-/// Appends frames to the current segment and rolls to new ones. Used by one group-commit
-/// leader at a time (the caller holds it behind a mutex).
-#[derive(Debug)]
-pub(crate) struct WalWriter {
-    fs: Arc<dyn FileSystem>,
-    dir: PathBuf,
-    file: Arc<dyn FileHandle>,
-    current: SegmentInfo,
-    sealed: Vec<SegmentInfo>,
-    segment_bytes_max: u64,
-}
-
-impl WalWriter {
-    /// Continues an existing segment whose valid frames end at `current.end_lsn` (the caller
-    /// has truncated anything after that and synced the file).
-    pub fn resume(
-        fs: Arc<dyn FileSystem>,
-        dir: &Path,
-        file: Arc<dyn FileHandle>,
-        current: SegmentInfo,
-        sealed: Vec<SegmentInfo>,
-        segment_bytes_max: u64,
-    ) -> Self {
-        WalWriter { fs, dir: dir.to_owned(), file, current, sealed, segment_bytes_max }
-    }
-
-    /// Creates segment `seq` (header written, file and directory synced) and returns a writer.
-    pub fn create(
-        fs: Arc<dyn FileSystem>,
-        dir: &Path,
-        seq: u64,
-        start_lsn: u64,
-        first_ts: u64,
-        sealed: Vec<SegmentInfo>,
-        segment_bytes_max: u64,
-    ) -> Result<Self> {
-        let (file, info) = create_segment(fs.as_ref(), dir, seq, start_lsn, first_ts)?;
-        Ok(WalWriter { fs, dir: dir.to_owned(), file, current: info, sealed, segment_bytes_max })
-    }
-
-    pub fn file(&self) -> Arc<dyn FileHandle> {
-        Arc::clone(&self.file)
-    }
-
-    pub fn current(&self) -> &SegmentInfo {
-        &self.current
-    }
-
-    pub fn sealed(&self) -> &[SegmentInfo] {
-        &self.sealed
-    }
-
-    /// The LSN the next frame gets.
-    pub fn end_lsn(&self) -> u64 {
-        self.current.end_lsn
-    }
-
-    /// Total WAL bytes on disk (all live segments, including headers).
-    pub fn total_bytes(&self) -> u64 {
-        self.sealed
-            .iter()
-            .chain(std::iter::once(&self.current))
-            .map(|s| s.end_lsn - s.start_lsn + SEGMENT_HEADER_BYTES)
-            .sum()
-    }
-
-    /// Writes a batch of encoded frames whose first frame has LSN `first_lsn` and whose last
-    /// commit has timestamp `last_ts`. Rolls to a new segment first when this one is full; the
-    /// full segment is fdatasynced before the new one is created, so every segment but the
-    /// newest is entirely durable.
-    pub fn append(&mut self, frames: &[u8], first_lsn: u64, last_ts: u64) -> Result<()> {
-        debug_assert_eq!(first_lsn, self.current.end_lsn, "WAL batch out of order");
-        if first_lsn != self.current.end_lsn {
-            // An engine bug, never user input: refuse rather than write a log that cannot be read.
-            return Err(Error::corruption(
-                &self.current.path,
-                SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn),
-                format!("internal error: WAL batch at LSN {first_lsn}, log ends at {}", self.current.end_lsn),
-            ));
-        }
-        let used = self.current.end_lsn - self.current.start_lsn;
-        if used > 0 && used + frames.len() as u64 > self.segment_bytes_max {
-            self.roll()?;
-        }
-        let offset = SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn);
-        write_all_at(self.file.as_ref(), frames, offset).map_err(|e| Error::io(&self.current.path, e))?;
-        self.current.end_lsn += frames.len() as u64;
-        self.current.last_ts = last_ts;
-        Ok(())
-    }
-
-    /// Seals the current segment (fdatasync) and starts the next one.
-    pub fn roll(&mut self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.current.path, e))?;
-        let next_seq = self.current.seq + 1;
-        let (file, info) =
-            create_segment(self.fs.as_ref(), &self.dir, next_seq, self.current.end_lsn, self.current.last_ts + 1)?;
-        let old = std::mem::replace(&mut self.current, info);
-        self.sealed.push(old);
-        self.file = file;
-        Ok(())
-    }
-
-    /// fdatasyncs the current segment.
-    pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.current.path, e))
-    }
-
-    /// Deletes sealed segments whose every commit is at or below `ts`. The directory is synced
-    /// afterwards. Returns how many were removed.
-    pub fn remove_sealed_through(&mut self, ts: u64) -> Result<usize> {
-        // Oldest first, and a segment is forgotten only once its file is gone: a crash or a
-        // failed delete midway leaves a contiguous suffix of segments that this writer still
-        // knows about, never a gap.
-        let mut removed = 0;
-        while let Some(seg) = self.sealed.first() {
-            if seg.last_ts > ts {
-                break;
-            }
-            let path = seg.path.clone();
-            self.fs.remove_file(&path).map_err(|e| Error::io(&path, e))?;
-            self.sealed.remove(0);
-            removed += 1;
-        }
-        if removed > 0 {
-            self.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        }
-        Ok(removed)
-    }
-}
-
-fn create_segment(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    seq: u64,
-    start_lsn: u64,
-    first_ts: u64,
-) -> Result<(Arc<dyn FileHandle>, SegmentInfo)> {
-    let path = dir.join(segment_name(seq));
-    let file = fs.open(&path, OpenMode::CreateNew).map_err(|e| Error::io(&path, e))?;
-    let header = encode_segment_header(&SegmentHeader { version: crate::FORMAT_VERSION, seq, start_lsn, first_ts });
-    write_all_at(file.as_ref(), &header, 0).map_err(|e| Error::io(&path, e))?;
-    file.sync_data().map_err(|e| Error::io(&path, e))?;
-    fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-    let info = SegmentInfo { seq, path, start_lsn, end_lsn: start_lsn, last_ts: first_ts.saturating_sub(1) };
-    Ok((file, info))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,6 +447,16 @@ mod tests {
         let mark_bytes = mark_payload(99);
         let mark = decode_payload(&mark_bytes).expect("mark decodes");
         assert_eq!((mark.kind, mark.digest), (KIND_MARK, Some(99)));
+    }
+
+    #[test]
+    fn a_frame_built_in_place_equals_an_encoded_one() {
+        let mut expected = vec![9u8; 16];
+        let payload = payload(3);
+        encode_frame(&mut expected, 64, 8, 5, &payload, crc32c::crc32c(&payload));
+        let mut p = PayloadBuilder::in_frame(vec![9u8; 16], 0);
+        p.put(1, &[3], b"value");
+        assert_eq!(p.finish_frame(64, 8, 5), expected);
     }
 
     #[test]

@@ -248,3 +248,37 @@ fn close_leads_commits_whose_futures_were_never_polled() {
     let db = open(&t.path());
     assert_eq!(get(&db, "t", b"k"), None);
 }
+
+#[test]
+fn async_and_blocking_committers_share_one_pipeline() {
+    let t = TestDir::new();
+    let fs = CountingFs::new();
+    let db = open_with(&t.path(), Arc::new(fs.clone()), Durability::Sync);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    std::thread::scope(|s| {
+        for th in 0..4u32 {
+            let db = db.clone();
+            s.spawn(move || {
+                for i in 0..100u32 {
+                    put(&db, "t", format!("sync-{th}-{i}").as_bytes(), b"v");
+                }
+            });
+        }
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..2000u32)
+                .map(|i| {
+                    let db = db.clone();
+                    tokio::spawn(async move { put_async(&db, format!("async-{i}").as_bytes()).await.unwrap().ts })
+                })
+                .collect();
+            for task in tasks {
+                assert!(task.await.unwrap() > 0);
+            }
+        });
+    });
+    let stats = db.stats();
+    assert_eq!(stats.commits, 2400);
+    assert_eq!(scan_all(&db, "t").len(), 2400);
+    assert_eq!(stats.last_commit_ts, 2400, "dense timestamps across both kinds of committer");
+    assert!(stats.wal_syncs < 2400, "some fdatasyncs were shared ({} for 2400 commits)", stats.wal_syncs);
+}

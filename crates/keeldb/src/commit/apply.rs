@@ -264,11 +264,12 @@ impl Committer {
         let mut entries = Vec::with_capacity(commands.len());
         let mut requests = Vec::with_capacity(commands.len());
         let mut names = Vec::new();
+        let thread = std::thread::current();
         for (position, command) in commands {
             match command.check() {
                 Err(e) => entries.push(Entry::Decided(Err(e))),
                 Ok(()) => {
-                    let waiter = Waiter::new();
+                    let waiter = Waiter::for_thread(&thread);
                     requests.push((command.into_request(position, durability, &mut names), Arc::clone(&waiter)));
                     entries.push(Entry::Queued(waiter));
                 }

@@ -34,7 +34,6 @@ use crate::fs::FileHandle;
 use crate::index::Table;
 use crate::options::Durability;
 use crate::types::LogPosition;
-use crate::wal;
 
 /// A validated commit in a batch.
 #[derive(Debug)]
@@ -261,7 +260,8 @@ impl Committer {
                 tables.clear();
             }
             let ts = seq.last_ts + 1;
-            let (tables, mut payload) = seq.resolve(tables, ts);
+            let before = frames.len();
+            let (tables, mut payload) = seq.resolve(tables, ts, std::mem::take(&mut frames));
             if let Some(p) = position {
                 payload.applied_position(p);
                 seq.last_position = Some(p);
@@ -269,11 +269,8 @@ impl Committer {
             if let Some(o) = &mut overlay {
                 o.record(&tables);
             }
-            let payload = payload.finish();
-            let before = frames.len();
-            frames.reserve(wal::frame_bytes(payload.len()));
             let durable = self.durable_lsn.load(Ordering::Acquire);
-            wal::encode_frame(&mut frames, seq.next_lsn, durable, ts, &payload, crc32c::crc32c(&payload));
+            frames = payload.finish_frame(seq.next_lsn, durable, ts);
             seq.next_lsn += (frames.len() - before) as u64;
             seq.last_ts = ts;
             commits.push(Pending { ts, tables, durability, waiter, position, failed_condition });
@@ -410,6 +407,9 @@ impl Committer {
         let view = &self.published;
         let horizon = view.horizon();
         let mut digest = view.digest.lock();
+        // The table the previous commit wrote: a log of commands to one table looks it up once
+        // per batch, not once per commit.
+        let mut last_table: Option<Arc<Table>> = None;
         for p in batch {
             for ta in &p.tables {
                 if ta.drop_id.is_some() || ta.create {
@@ -421,12 +421,15 @@ impl Committer {
                     if ta.create {
                         catalog.insert(Arc::new(Table::new(ta.id, Arc::clone(&ta.name), p.ts)));
                     }
+                    last_table = None;
                 }
                 if ta.id == 0 || ta.writes.is_empty() {
                     continue;
                 }
-                let table = view.catalog.read().by_id(ta.id).cloned();
-                let Some(table) = table else { continue };
+                if last_table.as_ref().is_none_or(|t| t.id != ta.id) {
+                    last_table = view.catalog.read().by_id(ta.id).cloned();
+                }
+                let Some(table) = &last_table else { continue };
                 let mut data = table.data.write();
                 for (k, v) in &ta.writes {
                     data.apply(&table.name, k, v.as_deref(), p.ts, horizon, &mut digest);

@@ -92,9 +92,14 @@ impl Sequencer {
         }
     }
 
-    /// Resolves table names to ids (allocating for new tables), encodes the payload, and
-    /// records the writes in the conflict index at `ts`.
-    pub fn resolve(&mut self, tables: BTreeMap<Arc<str>, TableWrites>, ts: u64) -> (Vec<TableApply>, PayloadBuilder) {
+    /// Resolves table names to ids (allocating for new tables), starts encoding the payload at
+    /// the end of the batch's `frames`, and records the writes in the conflict index at `ts`.
+    pub fn resolve(
+        &mut self,
+        tables: BTreeMap<Arc<str>, TableWrites>,
+        ts: u64,
+        frames: Vec<u8>,
+    ) -> (Vec<TableApply>, PayloadBuilder) {
         // Sized up front: each op is at most a tag, a table id, two lengths and its bytes.
         let size: usize = tables
             .iter()
@@ -103,7 +108,7 @@ impl Sequencer {
                     + tw.writes.iter().map(|(k, v)| 13 + k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
             })
             .sum();
-        let mut payload = PayloadBuilder::new(size);
+        let mut payload = PayloadBuilder::in_frame(frames, size);
         let mut out = Vec::with_capacity(tables.len());
         for (name, tw) in tables {
             let existing = self.tables.get(&name).copied();

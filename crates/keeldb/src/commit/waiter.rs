@@ -117,6 +117,11 @@ impl Waiter {
         Waiter::with_thread(Some(std::thread::current()))
     }
 
+    /// A waiter for `thread` (the caller's, looked up once for many waiters).
+    pub fn for_thread(thread: &std::thread::Thread) -> Arc<Waiter> {
+        Waiter::with_thread(Some(thread.clone()))
+    }
+
     /// A waiter for a future, which will poll it with [`Waiter::poll_slot`].
     pub fn new_async() -> Arc<Waiter> {
         Waiter::with_thread(None)
