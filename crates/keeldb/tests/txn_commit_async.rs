@@ -282,3 +282,29 @@ fn async_and_blocking_committers_share_one_pipeline() {
     assert_eq!(stats.last_commit_ts, 2400, "dense timestamps across both kinds of committer");
     assert!(stats.wal_syncs < 2400, "some fdatasyncs were shared ({} for 2400 commits)", stats.wal_syncs);
 }
+
+/// A future that was polled once (and so yielded before leading) must not stall a blocking
+/// commit made next on the same thread: before, the future held leadership across its yield,
+/// and the blocking commit parked forever behind a leader that could never run.
+#[test]
+fn a_blocking_commit_after_one_poll_of_a_future_on_the_same_thread_does_not_hang() {
+    let t = TestDir::new();
+    let path = t.path();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let db = open_with(&path, Arc::new(StdFs), Durability::Sync);
+        let mut first = put_async(&db, b"async");
+        assert!(poll_once(&mut first).is_pending(), "the first poll yields before leading");
+        let mut tx = db.begin_write().unwrap();
+        tx.put("t", b"blocking", b"v").unwrap();
+        let blocking_ts = tx.commit().unwrap().ts;
+        let async_ts = match poll_once(&mut first) {
+            Poll::Ready(info) => info.unwrap().ts,
+            Poll::Pending => panic!("the blocking commit's leader should have committed the queued future too"),
+        };
+        let _ = done_tx.send((async_ts, blocking_ts));
+    });
+    let (async_ts, blocking_ts) =
+        done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("the blocking commit hung behind the future");
+    assert_eq!((async_ts, blocking_ts), (1, 2), "the future queued first, so it commits first");
+}

@@ -3,10 +3,12 @@
 //! [`AsyncCommit`] is the engine half of `WriteTxn::commit_async`'s future. Submitting pushes
 //! the request onto the same gather queue as a blocking commit, at once, so the commit is
 //! sequenced whether or not the future is ever polled. The task never parks its thread: it
-//! stores its waker in the waiter. When its first poll finds no leader, it takes leadership but
-//! yields once first, so every other task that is ready to commit queues up behind it; then it
-//! leads inline (one write and, for `sync`, one fdatasync for the whole queue). A task told to
-//! try to lead does so on that poll. Submitting does not take leadership: a future that is
+//! stores its waker in the waiter. When its first poll finds no leader, it yields once first, so
+//! every other task that is ready to commit queues up, and on its next poll takes leadership if
+//! it is still free and leads inline (one write and, for `sync`, one fdatasync for the whole
+//! queue). It does not hold leadership across the yield: a task that is never polled again, or
+//! whose thread then blocks in a blocking commit, would otherwise stall every committer. A task
+//! told to try to lead does so on that poll. Submitting does not take leadership: a future that is
 //! never polled holds nothing, and whoever comes next (another committer, a drop, or `close`)
 //! leads its commit.
 //!
@@ -34,8 +36,9 @@ enum Role {
     Submitted,
     /// Queued behind a leader; wait to be woken.
     Follower,
-    /// Holds leadership and has not yielded yet: yield once so others can queue, then lead.
-    LeadAfterYield,
+    /// Found no leader: yield once so others can queue, then try to lead (nothing is held
+    /// meanwhile).
+    YieldThenLead,
     /// Holds leadership: lead on this poll.
     LeadNow,
     /// The outcome was returned.
@@ -65,13 +68,16 @@ impl Committer {
             match commit.role {
                 Role::Finished => return Poll::Ready(Err(crate::Error::TransactionDone)),
                 Role::Submitted => {
-                    commit.role = if self.try_take_leadership() { Role::LeadAfterYield } else { Role::Follower };
-                    continue;
+                    if self.leadership_free() {
+                        commit.role = Role::YieldThenLead;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    commit.role = Role::Follower;
                 }
-                Role::LeadAfterYield => {
-                    commit.role = Role::LeadNow;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+                Role::YieldThenLead => {
+                    commit.role = if self.try_take_leadership() { Role::LeadNow } else { Role::Follower };
+                    continue;
                 }
                 Role::LeadNow => {
                     commit.role = Role::Follower;
@@ -103,8 +109,7 @@ impl Committer {
         }
         let _told_to_lead = commit.waiter.abandon();
         // Held, or free with work queued (it was handed to this future, or nobody leads yet).
-        let holds_leadership =
-            matches!(commit.role, Role::LeadAfterYield | Role::LeadNow) || self.try_take_leadership();
+        let holds_leadership = commit.role == Role::LeadNow || self.try_take_leadership();
         commit.role = Role::Finished;
         if holds_leadership && self.release_gather() {
             // Nobody live is queued to take over: lead inline so the queued commits (this one

@@ -309,11 +309,26 @@ impl Committer {
     /// this returns true.
     pub(super) fn release_gather(&self) -> bool {
         let mut g = self.pipeline.gather.lock();
-        if g.pending.is_empty() || g.pending.iter().any(|q| q.waiter.set(Slot::TryLead)) {
+        if g.pending.is_empty() {
             g.leader_active = false;
             return false;
         }
-        true
+        let Some(first) = g.pending.iter().position(|q| q.waiter.set(Slot::TryLead)) else { return true };
+        g.leader_active = false;
+        // An async committer may not be polled soon (its runtime thread may even be the one
+        // blocked in a blocking commit behind it), so a queued blocking committer is told too:
+        // whichever comes first leads, the other goes back to waiting.
+        if g.pending.get(first).is_some_and(|q| q.waiter.is_async()) {
+            if let Some(q) = g.pending.iter().skip(first + 1).find(|q| !q.waiter.is_async()) {
+                q.waiter.set(Slot::TryLead);
+            }
+        }
+        false
+    }
+
+    /// Whether no leader is active right now (a hint: it may change at once).
+    pub(super) fn leadership_free(&self) -> bool {
+        !self.pipeline.gather.lock().leader_active
     }
 
     /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.

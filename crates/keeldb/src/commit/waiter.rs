@@ -127,6 +127,11 @@ impl Waiter {
         Waiter::with_thread(None)
     }
 
+    /// Whether the owner is a future (woken through its waker) rather than a parked thread.
+    pub fn is_async(&self) -> bool {
+        self.thread.is_none()
+    }
+
     /// Fills the slot and wakes its owner. Returns false (and changes nothing) when asked to
     /// hand leadership to an owner that is gone.
     pub fn set(&self, s: Slot) -> bool {
