@@ -167,6 +167,10 @@ pub enum ConflictReason {
     ReadChanged,
     /// (Log apply) a condition the command carries did not hold against the state in log order.
     ConditionFailed,
+    /// The whole state was replaced by an installed checkpoint after this transaction's
+    /// snapshot (`Database::install_checkpoint`): everything it read is gone. A retry runs on
+    /// the installed state.
+    StateReplaced,
 }
 
 /// A key for messages: quoted text when it is short UTF-8, otherwise hex (first 32 bytes).
@@ -195,6 +199,7 @@ fn describe_conflict(table: &str, key: Option<&[u8]>, reason: ConflictReason) ->
             format!("condition on key {k} in table {table:?} did not hold")
         }
         (ConflictReason::ConditionFailed, None) => format!("condition on table {table:?} did not hold"),
+        (ConflictReason::StateReplaced, _) => "the state it read was replaced by an installed checkpoint".to_owned(),
         (_, _) => format!("table {table:?} was changed by a concurrent commit"),
     }
 }

@@ -97,6 +97,13 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
+    /// Runs `f` holding the publish lock: meanwhile no batch is between its apply and its
+    /// visibility (a state replacement swaps what readers see under it).
+    pub(super) fn with_publication_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _publishing = self.publish.lock();
+        f()
+    }
+
     /// Whether no commit is queued, gathering or waiting to publish, given the sequencer's
     /// next batch number.
     pub fn is_idle(&self, next_batch: u64) -> bool {
