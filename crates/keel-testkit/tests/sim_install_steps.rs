@@ -1,8 +1,9 @@
 //! Crash at every step of a checkpoint install (fdatasync the old WAL, write and fsync the new
-//! checkpoint's temporary file, write, fsync and rename the `INSTALL` marker, fsync the
-//! directory, rename the checkpoint into place, delete the old checkpoints and WAL segments,
-//! create the new segment, fsync, remove the marker, fsync), by power loss with several crash
-//! seeds and by process kill.
+//! checkpoint's temporary file, retire a `CLOSED` marker and fsync the directory, write, fsync
+//! and rename the `INSTALL` marker, fsync the directory, rename the checkpoint into place,
+//! delete the old checkpoints and WAL segments, create the new segment, fsync, remove the
+//! marker, fsync), by power loss with several crash seeds and by process kill, into a store
+//! that crashed last and into one that was closed cleanly and reopened (so it holds `CLOSED`).
 //! The store must always open, to exactly the old state or exactly the new one (same digest,
 //! same contents), never a mix and never an open error; an install that returned `Ok` must
 //! come back new; and the store must keep working afterwards.
@@ -222,6 +223,18 @@ fn install_every_step_installer_ahead() {
     every_step(true, false);
 }
 
+/// The store was closed cleanly and reopened: its `CLOSED` marker claims the old log's end
+/// LSN, last timestamp and digest. The install retires it before its commit point; a crash at
+/// every step must still open to the old or the new state, never fail on a stale claim.
+#[test]
+fn install_every_step_after_a_clean_close() {
+    let steps = install_steps(false, true);
+    let retire = steps.iter().position(|l| l.contains("remove") && l.contains("CLOSED"));
+    let commit_point = steps.iter().position(|l| l.contains("rename") && l.contains("INSTALL"));
+    assert!(retire.is_some() && retire < commit_point, "CLOSED is retired before the commit point: {steps:?}");
+    every_step(false, true);
+}
+
 /// Crashes an install just after its commit point, then crashes the recovery that finishes it
 /// after every one of its calls: each later open must still finish it, to the new state.
 #[test]
@@ -289,5 +302,23 @@ fn install_io_errors_before_and_after_the_commit_point() {
     drop(db);
     let db = Database::open(store_path(), sim_options(&fs, Durability::Sync)).unwrap();
     assert_eq!((db.digest(), contents(&db)), (src.digest, src.contents.clone()), "after: the new state");
+    db.close().unwrap();
+}
+
+/// Retiring `CLOSED` fails (before the commit point): the install fails, the handle keeps
+/// working on the old state, and the store reopens to it with the later commit.
+#[test]
+fn a_failure_to_retire_the_close_marker_changes_nothing() {
+    let src = source(false);
+    let Built { fs, db, digest: old_digest, .. } = build(40_002, true);
+    fs.inject(Fault::new(FaultOp::Remove).on_path("CLOSED"));
+    assert!(db.install_checkpoint(&mut src.stream.as_slice()).is_err());
+    assert_eq!(db.digest(), old_digest);
+    assert!(fs.describe_dir(store_path()).iter().all(|l| !l.contains(".tmp") && !l.contains("INSTALL")));
+    commit(&db, 200, "t");
+    let digest = db.digest();
+    db.close().unwrap();
+    let db = Database::open(store_path(), sim_options(&fs, Durability::Sync)).unwrap();
+    assert_eq!(db.digest(), digest);
     db.close().unwrap();
 }

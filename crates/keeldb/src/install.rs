@@ -3,7 +3,7 @@
 //!
 //! This module owns the `INSTALL` marker (its byte layout is in `docs/design/format.md`), the
 //! on-disk switch from the old checkpoints and WAL to the new checkpoint and a fresh WAL
-//! segment, and the idempotent completion recovery
+//! segment (retiring the `CLOSED` marker on the way), and the idempotent completion recovery
 //! runs when it finds the marker. The in-memory switch and the fence are the committer's
 //! (`commit/replace.rs`); this module hands it the new state from inside
 //! `Committer::replace_state`. The argument, crash point by crash point, is in
@@ -250,8 +250,8 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
     Ok(next_id)
 }
 
-/// Steps 2 and 3 of the protocol: chooses the timestamp and ids, writes and syncs the
-/// checkpoint, writes the marker (the commit point). Before the commit point
+/// Steps 2 to 4 of the protocol: chooses the timestamp and ids, writes and syncs the
+/// checkpoint, retires `CLOSED`, writes the marker (the commit point). Before the commit point
 /// an error removes the temporary files (best effort; recovery removes them too).
 fn prepare(inner: &Inner, q: &Quiesced, rx: &Received) -> std::result::Result<(Marker, u32), ReplaceError> {
     let ts = rx.source_ts.max(q.last_ts.saturating_add(1));
@@ -265,6 +265,7 @@ fn prepare(inner: &Inner, q: &Quiesced, rx: &Received) -> std::result::Result<(M
     };
     let marker = Marker { ckpt_ts: ts, first_seq: q.next_segment, start_lsn: q.wal_end_lsn, digest: rx.digest };
     let written = write_checkpoint(inner, rx, ts, q.next_table_id)
+        .and_then(|next_id| crate::close_marker::retire(inner.fs.as_ref(), &inner.path).map(|_| next_id))
         .map_err(before)
         .and_then(|next_id| write_marker(inner.fs.as_ref(), &inner.path, &marker).map(|()| next_id));
     match written {

@@ -2,7 +2,8 @@
 //! commit, install into another store, and check that the installed state is exactly the
 //! exporter's at the exported timestamp, survives reopen, and takes new commits; what
 //! snapshots and transactions that straddle an install see; timestamps when the installing
-//! store is ahead of or behind the stream; the applied log position a stream carries.
+//! store is ahead of or behind the stream; the applied log position a stream carries; a
+//! cleanly closed store that installs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod common;
 
@@ -386,4 +387,35 @@ fn the_applied_log_position_travels_with_the_stream() {
     c.close().unwrap();
     e.close().unwrap();
     a.close().unwrap();
+}
+
+/// A store that was closed cleanly (so it holds a `CLOSED` marker) and reopened installs a
+/// stream; the marker is retired with the old log, and the store opens to the new state, closes
+/// cleanly and opens again.
+#[test]
+fn a_cleanly_closed_store_installs_and_reopens() {
+    let (da, db_dir) = (TestDir::new(), TestDir::new());
+    let a = open(&da.path());
+    seed_store(&a, 2, 100);
+    let mut stream = Vec::new();
+    let exported = a.export_checkpoint(&mut stream).unwrap();
+    a.close().unwrap();
+
+    let b = open(&db_dir.path());
+    seed_store(&b, 3, 20);
+    b.close().unwrap();
+    assert_eq!(files(&db_dir.path(), "CLOSED").len(), 1);
+    let b = open(&db_dir.path());
+    b.install_checkpoint(&mut stream.as_slice()).unwrap();
+    assert!(files(&db_dir.path(), "CLOSED").is_empty(), "the old log's clean-close claim is retired");
+    drop(b); // Not a clean close.
+    let b = open(&db_dir.path());
+    assert_eq!(b.digest(), exported.digest);
+    put(&b, "t9", b"k", b"v");
+    let digest = b.digest();
+    b.close().unwrap();
+    let b = open(&db_dir.path());
+    assert!(b.recovery_report().clean_shutdown);
+    assert_eq!(b.digest(), digest);
+    b.close().unwrap();
 }
