@@ -521,7 +521,8 @@ impl Database {
     /// completely received and verified; a bad stream fails with [`Error::Corruption`] or
     /// [`Error::InvalidArgument`] and changes nothing. Then the new state is made durable and
     /// switched to atomically (a crash yields the old or the new state, never a mix).
-    /// Afterwards [`Database::applied`] is the stream's position.
+    /// Afterwards [`Database::applied`] is the stream's position, and the change feed and
+    /// history floor restart at the installed timestamp ([`Error::Compacted`] below it).
     /// Snapshots taken before keep reading the old state; write transactions begun before
     /// fail to commit with [`Error::Conflict`] ([`crate::ConflictReason::StateReplaced`]);
     /// commits wait while the new checkpoint is written. See `docs/design/recovery.md`.

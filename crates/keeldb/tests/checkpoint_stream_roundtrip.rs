@@ -2,8 +2,8 @@
 //! commit, install into another store, and check that the installed state is exactly the
 //! exporter's at the exported timestamp, survives reopen, and takes new commits; what
 //! snapshots and transactions that straddle an install see; timestamps when the installing
-//! store is ahead of or behind the stream; the applied log position a stream carries; a
-//! cleanly closed store that installs.
+//! store is ahead of or behind the stream; the applied log position a stream carries; the
+//! change feed and history floor across an install; a cleanly closed store that installs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod common;
 
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use keeldb::{Command, ConflictReason, Database, Durability, Error, LogPosition, StateDigest};
+use keeldb::{Command, ConflictReason, Database, Durability, Error, LogPosition, Options, StateDigest};
 
 type State = BTreeMap<(String, Vec<u8>), Vec<u8>>;
 /// A committed write: timestamp, table, key, value (`None`: deleted).
@@ -387,6 +387,48 @@ fn the_applied_log_position_travels_with_the_stream() {
     c.close().unwrap();
     e.close().unwrap();
     a.close().unwrap();
+}
+
+/// The change feed cannot describe an install, so it restarts at the installed timestamp:
+/// asking for changes after an earlier timestamp is `Compacted` (the consumer reads the state
+/// anew), the floor moves to the installed timestamp, and changes after it flow as before.
+#[test]
+fn the_change_feed_and_history_floor_restart_at_the_installed_timestamp() {
+    let (da, db_dir) = (TestDir::new(), TestDir::new());
+    let a = open(&da.path());
+    for i in 0..10u32 {
+        put(&a, "t", &i.to_be_bytes(), b"a");
+    }
+    let mut stream = Vec::new();
+    a.export_checkpoint(&mut stream).unwrap();
+    a.close().unwrap();
+
+    let options = Options { keep_history: true, ..opts(Durability::Sync) };
+    let b = Database::open(db_dir.path(), options).unwrap();
+    let floor = b.history_floor().unwrap();
+    let before = put(&b, "t", b"mine", b"b");
+    assert_eq!(b.changes_since(floor, 100).unwrap().len(), 1);
+    let reader = b.begin_read_at(before).unwrap();
+    let info = b.install_checkpoint(&mut stream.as_slice()).unwrap();
+    assert_eq!(b.history_floor(), Some(info.ts));
+    for after in [floor, before, info.ts - 1] {
+        match b.changes_since(after, 100) {
+            Err(Error::Compacted { requested, available }) => assert_eq!((requested, available), (after, info.ts)),
+            other => panic!("changes after {after} across the install: {other:?}"),
+        }
+    }
+    assert!(b.changes_since(info.ts, 100).unwrap().is_empty());
+    // A read at a past timestamp that was registered before keeps reading the old state; a new
+    // one below the installed timestamp is refused once no snapshot holds that history.
+    assert_eq!(reader.get("t", b"mine").unwrap().as_deref(), Some(&b"b"[..]));
+    drop(reader);
+    assert!(matches!(b.begin_read_at(before), Err(Error::Compacted { available, .. }) if available == info.ts));
+    let ts = put(&b, "t", b"new", b"n");
+    let changes = b.changes_since(info.ts, 100).unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!((changes[0].ts, &changes[0].key[..]), (ts, &b"new"[..]));
+    assert_eq!(b.begin_read_at(info.ts).unwrap().get("t", b"mine").unwrap(), None);
+    b.close().unwrap();
 }
 
 /// A store that was closed cleanly (so it holds a `CLOSED` marker) and reopened installs a

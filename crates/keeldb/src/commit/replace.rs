@@ -62,8 +62,9 @@ impl Committer {
     /// the WAL; calls `prepare` with that quiescent point (it makes the new state durable and
     /// opens its WAL); then switches, in this order: the WAL writer; under the publish and
     /// digest locks, the old tables end at `ts` (snapshots older than `ts` keep reading them),
-    /// the new ones begin at `ts`, and the visible timestamp,
-    /// digest and applied position move together; the sequencer restarts at `ts` with a fence that fails every transaction whose
+    /// the new ones begin at `ts`, the change feed restarts at `ts`, and the visible timestamp,
+    /// digest and applied position move together; the history floor rises to `ts` if one is
+    /// kept; the sequencer restarts at `ts` with a fence that fails every transaction whose
     /// snapshot is older than `ts` with `ConflictReason::StateReplaced`. Log commands are not
     /// fenced: they are ordered by their positions, which continue from the new `applied`.
     pub fn replace_state<T>(
@@ -133,9 +134,15 @@ impl Committer {
                     catalog.insert(Arc::new(Table { id, name, created_ts: ts, dropped_ts, data: RwLock::new(data) }));
                 }
             }
+            // Before `ts` is visible: nobody reads a feed that claims to cover the jump.
+            view.history.restart(ts);
             *current = digest;
             *view.applied.lock() = applied;
             view.visible_ts.store(ts, Ordering::Release);
         });
+        if view.registry.floor().is_some() {
+            // Cannot fail: `ts` is visible and the horizon is at most the visible timestamp.
+            let _ = view.registry.set_floor(ts, &view.visible_ts);
+        }
     }
 }
