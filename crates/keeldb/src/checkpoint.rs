@@ -1,9 +1,11 @@
 //! Checkpoint files: the full state at one commit timestamp, in checksummed blocks.
 //!
 //! This module owns the checkpoint byte format (see `docs/design/format.md`): writing a
-//! checkpoint from a stream of tables and entries, and reading one back, verifying every
-//! block's CRC32C before its records are decoded and the footer's digest after. It does not
-//! decide when to checkpoint or which WAL to delete; `db.rs` does, in the order that
+//! checkpoint from a stream of tables and entries (to a file, or to any `io::Write` for a
+//! checkpoint stream), and reading one back, verifying every block's CRC32C before its records
+//! are decoded and the footer's digest after; the decoding steps are shared with the stream
+//! reader in `checkpoint_stream.rs`. It does not decide when to checkpoint or which WAL to
+//! delete; `maintenance.rs` and `install.rs` do, in the order that
 //! `docs/design/recovery.md` argues is crash safe (temp file, fsync, rename, directory fsync,
 //! and only then WAL deletion).
 
@@ -31,13 +33,11 @@ const REC_ENTRY: u8 = 2;
 
 pub(crate) use crate::files::{checkpoint_name, parse_checkpoint_name};
 
-/// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`] makes it durable
-/// and renames it into place.
-pub(crate) struct CheckpointWriter {
-    fs: Arc<dyn FileSystem>,
-    dir: PathBuf,
-    tmp: PathBuf,
-    file: Arc<dyn FileHandle>,
+/// Encodes a checkpoint (header, CRC'd blocks, footer) into any byte sink: a file through
+/// [`CheckpointWriter`], or a stream a caller exports (`checkpoint_stream.rs`). The one encoder
+/// of the format, so a streamed checkpoint is byte for byte what a checkpoint file holds.
+pub(crate) struct CheckpointEncoder<W: std::io::Write> {
+    out: W,
     ts: u64,
     offset: u64,
     block: Vec<u8>,
@@ -46,8 +46,6 @@ pub(crate) struct CheckpointWriter {
     entries: u64,
     digest: StateDigest,
     current_table: Option<Arc<str>>,
-    next_table_id: u32,
-    applied: Option<LogPosition>,
 }
 
 /// Header bytes 24..44 (reserved before): the applied log position, if any. Flag 1 at 40 says
@@ -68,20 +66,12 @@ fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>) -> V
     header
 }
 
-impl CheckpointWriter {
-    pub fn create(fs: Arc<dyn FileSystem>, dir: &Path, ts: u64, next_table_id: u32) -> Result<Self> {
-        let tmp = dir.join(crate::files::tmp_name(&checkpoint_name(ts)));
-        if fs.exists(&tmp).map_err(|e| Error::io(&tmp, e))? {
-            fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        }
-        let file = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
-        let header = encode_header(next_table_id, ts, None);
-        write_all_at(file.as_ref(), &header, 0).map_err(|e| Error::io(&tmp, e))?;
-        Ok(CheckpointWriter {
-            fs,
-            dir: dir.to_owned(),
-            tmp,
-            file,
+impl<W: std::io::Write> CheckpointEncoder<W> {
+    /// Writes the header, which carries the replicated-log position applied at `ts`.
+    pub fn new(mut out: W, ts: u64, next_table_id: u32, applied: Option<LogPosition>) -> std::io::Result<Self> {
+        out.write_all(&encode_header(next_table_id, ts, applied))?;
+        Ok(CheckpointEncoder {
+            out,
             ts,
             offset: HEADER_BYTES as u64,
             block: Vec::with_capacity(BLOCK_TARGET_BYTES + 1024),
@@ -90,18 +80,10 @@ impl CheckpointWriter {
             entries: 0,
             digest: StateDigest::default(),
             current_table: None,
-            next_table_id,
-            applied: None,
         })
     }
 
-    /// Records the replicated-log position applied at the checkpoint's timestamp; written into
-    /// the header by [`CheckpointWriter::finish`].
-    pub fn set_applied(&mut self, applied: Option<LogPosition>) {
-        self.applied = applied;
-    }
-
-    pub fn table(&mut self, id: u32, name: &Arc<str>) -> Result<()> {
+    pub fn table(&mut self, id: u32, name: &Arc<str>) -> std::io::Result<()> {
         self.block.put_u8(REC_TABLE);
         self.block.put_u32(id);
         self.block.put_bytes32(name.as_bytes());
@@ -110,8 +92,8 @@ impl CheckpointWriter {
         self.maybe_flush()
     }
 
-    /// Adds an entry of the table last passed to [`CheckpointWriter::table`].
-    pub fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) -> Result<()> {
+    /// Adds an entry of the table last passed to [`CheckpointEncoder::table`].
+    pub fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) -> std::io::Result<()> {
         self.block.put_u8(REC_ENTRY);
         self.block.put_u32(table_id);
         self.block.put_bytes32(key);
@@ -123,14 +105,14 @@ impl CheckpointWriter {
         self.maybe_flush()
     }
 
-    fn maybe_flush(&mut self) -> Result<()> {
+    fn maybe_flush(&mut self) -> std::io::Result<()> {
         if self.block.len() >= BLOCK_TARGET_BYTES {
             self.flush()?;
         }
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<()> {
+    fn flush(&mut self) -> std::io::Result<()> {
         if self.block.is_empty() {
             return Ok(());
         }
@@ -138,7 +120,7 @@ impl CheckpointWriter {
         framed.put_u32(self.block.len() as u32);
         framed.put_u32(crc32c::crc32c(&self.block));
         framed.extend_from_slice(&self.block);
-        write_all_at(self.file.as_ref(), &framed, self.offset).map_err(|e| Error::io(&self.tmp, e))?;
+        self.out.write_all(&framed)?;
         self.offset += framed.len() as u64;
         self.blocks += 1;
         self.block.clear();
@@ -150,9 +132,14 @@ impl CheckpointWriter {
         self.digest
     }
 
-    /// Writes the footer, fsyncs, renames into place and fsyncs the directory. Returns the
-    /// final path and size.
-    pub fn finish(mut self) -> Result<(PathBuf, u64)> {
+    /// Tables and entries written so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.tables, self.entries)
+    }
+
+    /// Writes the last block and the footer and flushes the sink. Returns the sink and the
+    /// total bytes written.
+    pub fn finish(mut self) -> std::io::Result<(W, u64)> {
         self.flush()?;
         let mut footer = Vec::with_capacity(FOOTER_BYTES);
         footer.extend_from_slice(FOOTER_MAGIC);
@@ -164,16 +151,91 @@ impl CheckpointWriter {
         footer.resize(60, 0);
         let crc = crc32c::crc32c(&footer);
         footer.put_u32(crc);
-        write_all_at(self.file.as_ref(), &footer, self.offset).map_err(|e| Error::io(&self.tmp, e))?;
-        if self.applied.is_some() {
-            let header = encode_header(self.next_table_id, self.ts, self.applied);
-            write_all_at(self.file.as_ref(), &header, 0).map_err(|e| Error::io(&self.tmp, e))?;
+        self.out.write_all(&footer)?;
+        self.out.flush()?;
+        Ok((self.out, self.offset + FOOTER_BYTES as u64))
+    }
+}
+
+/// A file as an `io::Write` sink: positional writes from offset 0 through the seam.
+pub(crate) struct FileOut {
+    file: Arc<dyn FileHandle>,
+    offset: u64,
+}
+
+impl std::io::Write for FileOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        write_all_at(self.file.as_ref(), buf, self.offset)?;
+        self.offset += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`] makes it durable
+/// and renames it into place.
+pub(crate) struct CheckpointWriter {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    tmp: PathBuf,
+    ts: u64,
+    enc: CheckpointEncoder<FileOut>,
+}
+
+impl CheckpointWriter {
+    /// Starts `checkpoint-ts.kc.tmp` (replacing a leftover one). `applied` is the
+    /// replicated-log position applied at `ts`, known before the first byte is written.
+    pub fn create(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        ts: u64,
+        next_table_id: u32,
+        applied: Option<LogPosition>,
+    ) -> Result<Self> {
+        let tmp = dir.join(crate::files::tmp_name(&checkpoint_name(ts)));
+        if fs.exists(&tmp).map_err(|e| Error::io(&tmp, e))? {
+            fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
-        let size = self.offset + FOOTER_BYTES as u64;
-        self.file.sync_data().map_err(|e| Error::io(&self.tmp, e))?;
-        let target = self.dir.join(checkpoint_name(self.ts));
-        self.fs.rename(&self.tmp, &target).map_err(|e| Error::io(&target, e))?;
-        self.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        let file = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
+        let enc = CheckpointEncoder::new(FileOut { file, offset: 0 }, ts, next_table_id, applied)
+            .map_err(|e| Error::io(&tmp, e))?;
+        Ok(CheckpointWriter { fs, dir: dir.to_owned(), tmp, ts, enc })
+    }
+
+    pub fn table(&mut self, id: u32, name: &Arc<str>) -> Result<()> {
+        self.enc.table(id, name).map_err(|e| Error::io(&self.tmp, e))
+    }
+
+    /// Adds an entry of the table last passed to [`CheckpointWriter::table`].
+    pub fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) -> Result<()> {
+        self.enc.entry(table_id, key, value).map_err(|e| Error::io(&self.tmp, e))
+    }
+
+    /// The digest of everything written so far.
+    pub fn digest(&self) -> StateDigest {
+        self.enc.digest()
+    }
+
+    /// Writes the footer and fsyncs the temporary file, without renaming it. Returns the
+    /// temporary path and the size. (A checkpoint install names the temporary file in its
+    /// marker and renames it later; see `install.rs`.)
+    pub fn finish_unrenamed(self) -> Result<(PathBuf, u64)> {
+        let tmp = self.tmp;
+        let (out, size) = self.enc.finish().map_err(|e| Error::io(&tmp, e))?;
+        out.file.sync_data().map_err(|e| Error::io(&tmp, e))?;
+        Ok((tmp, size))
+    }
+
+    /// Writes the footer, fsyncs, renames into place and fsyncs the directory. Returns the
+    /// final path and size.
+    pub fn finish(self) -> Result<(PathBuf, u64)> {
+        let (fs, dir, ts) = (Arc::clone(&self.fs), self.dir.clone(), self.ts);
+        let (tmp, size) = self.finish_unrenamed()?;
+        let target = dir.join(checkpoint_name(ts));
+        fs.rename(&tmp, &target).map_err(|e| Error::io(&target, e))?;
+        fs.sync_dir(&dir).map_err(|e| Error::io(&dir, e))?;
         Ok((target, size))
     }
 }
@@ -195,6 +257,151 @@ pub(crate) struct CheckpointSummary {
     pub applied: Option<LogPosition>,
 }
 
+/// A checkpoint header that passed its checks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Header {
+    pub ts: u64,
+    pub next_table_id: u32,
+    pub applied: Option<LogPosition>,
+}
+
+/// Checks a checkpoint header (magic, CRC, version, position flag). Errors carry offset and
+/// reason.
+pub(crate) fn decode_header(header: &[u8]) -> std::result::Result<Header, (u64, String)> {
+    let fail = |offset: u64, reason: &str| Err((offset, reason.to_owned()));
+    let header = header.get(..HEADER_BYTES).unwrap_or_default();
+    if header.get(..8) != Some(&HEADER_MAGIC[..]) {
+        return fail(0, "bad checkpoint magic");
+    }
+    if crc32c::crc32c(header.get(..60).unwrap_or_default()) != le_u32(header, 60).unwrap_or(0) {
+        return fail(0, "checkpoint header checksum mismatch");
+    }
+    let version = le_u32(header, 8).unwrap_or(0);
+    if version != crate::FORMAT_VERSION {
+        return fail(8, &format!("unsupported checkpoint format version {version}"));
+    }
+    let applied = match le_u32(header, 40).unwrap_or(0) {
+        0 => None,
+        1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
+        _ => return fail(40, "bad applied-position flag in checkpoint header"),
+    };
+    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts: le_u64(header, 16).unwrap_or(0), applied })
+}
+
+/// Whether the 8 bytes at a block boundary start the footer rather than a block. A block's
+/// length field can never read as the footer magic: `KEEL` as a length is over 1 GB, far
+/// above [`BLOCK_MAX_BYTES`].
+pub(crate) fn is_footer_start(bytes: &[u8]) -> bool {
+    bytes.get(..8) == Some(&FOOTER_MAGIC[..])
+}
+
+/// The largest block length a valid checkpoint holds; a reader refuses longer ones before
+/// reading them.
+pub(crate) const BLOCK_LEN_MAX: usize = BLOCK_MAX_BYTES;
+/// Bytes before each block's records: `len:u32 crc:u32`.
+pub(crate) const BLOCK_PREFIX_BYTES: usize = BLOCK_HEADER_BYTES;
+
+/// Footer fields of a checkpoint whose footer passed its CRC.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Footer {
+    pub tables: u64,
+    pub entries: u64,
+    pub blocks: u64,
+    pub digest: StateDigest,
+}
+
+/// Checks a footer (magic, CRC, timestamp equal to the header's) at offset `at`.
+pub(crate) fn decode_footer(footer: &[u8], ts: u64, at: u64) -> std::result::Result<Footer, (u64, String)> {
+    let fail = |reason: &str| Err((at, reason.to_owned()));
+    let footer = footer.get(..FOOTER_BYTES).unwrap_or_default();
+    if !is_footer_start(footer) {
+        return fail("missing checkpoint footer (incomplete file)");
+    }
+    if crc32c::crc32c(footer.get(..60).unwrap_or_default()) != le_u32(footer, 60).unwrap_or(0) {
+        return fail("checkpoint footer checksum mismatch");
+    }
+    if le_u64(footer, 8).unwrap_or(0) != ts {
+        return fail("footer timestamp differs from header");
+    }
+    let mut digest_bytes = [0u8; 16];
+    digest_bytes.copy_from_slice(footer.get(40..56).unwrap_or(&[0u8; 16]));
+    Ok(Footer {
+        tables: le_u64(footer, 16).unwrap_or(0),
+        entries: le_u64(footer, 24).unwrap_or(0),
+        blocks: le_u64(footer, 32).unwrap_or(0),
+        digest: StateDigest(u128::from_le_bytes(digest_bytes)),
+    })
+}
+
+/// Decodes blocks in order, each only after its CRC matched, and keeps the counts and the
+/// digest the footer must agree with. Shared by the file reader and the stream reader.
+#[derive(Debug, Default)]
+pub(crate) struct BlockDecoder {
+    names: crate::types::FastMap<u32, String>,
+    digest: StateDigest,
+    blocks: u64,
+    tables: u64,
+    entries: u64,
+}
+
+impl BlockDecoder {
+    /// Checks one block's CRC, then decodes its records into `sink`. `pos` is the block's
+    /// offset, used in errors.
+    pub fn block(
+        &mut self,
+        pos: u64,
+        block: &[u8],
+        crc: u32,
+        sink: &mut dyn CheckpointSink,
+    ) -> std::result::Result<(), (u64, String)> {
+        let fail = |reason: &str| Err((pos, reason.to_owned()));
+        if crc32c::crc32c(block) != crc {
+            return fail("block checksum mismatch");
+        }
+        let mut r = Reader::new(block);
+        while !r.is_empty() {
+            let bad = |e: crate::codec::DecodeError| (pos, format!("bad record in block: {e}"));
+            match r.u8("record tag").map_err(bad)? {
+                REC_TABLE => {
+                    let id = r.u32("table id").map_err(bad)?;
+                    let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name").map_err(bad)?;
+                    let name = std::str::from_utf8(raw).map_err(|_| (pos, "table name is not UTF-8".to_owned()))?;
+                    if name.is_empty() || self.names.insert(id, name.to_owned()).is_some() {
+                        return fail("duplicate or empty table record");
+                    }
+                    sink.table(id, name);
+                    self.tables += 1;
+                }
+                REC_ENTRY => {
+                    let id = r.u32("table id").map_err(bad)?;
+                    let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
+                    let value = r.bytes32(MAX_VALUE_BYTES, "value").map_err(bad)?;
+                    let Some(name) = self.names.get(&id) else {
+                        return fail("entry for an unknown table");
+                    };
+                    self.digest.add(name, key, value);
+                    sink.entry(id, key, value);
+                    self.entries += 1;
+                }
+                _ => return fail("unknown record tag"),
+            }
+        }
+        self.blocks += 1;
+        Ok(())
+    }
+
+    /// Checks the counts and the recomputed digest against the footer at offset `at`.
+    pub fn check(&self, footer: &Footer, at: u64) -> std::result::Result<StateDigest, (u64, String)> {
+        if (self.blocks, self.tables, self.entries) != (footer.blocks, footer.tables, footer.entries) {
+            return Err((at, "footer counts differ from the blocks".to_owned()));
+        }
+        if self.digest != footer.digest {
+            return Err((at, "state digest mismatch".to_owned()));
+        }
+        Ok(self.digest)
+    }
+}
+
 /// Reads and verifies a whole checkpoint file's bytes, delivering records to `sink` as each
 /// block's checksum passes. On error returns the byte offset and the reason; the sink may have
 /// received records from earlier blocks and must then be discarded by the caller.
@@ -206,47 +413,11 @@ pub(crate) fn read_checkpoint(
     if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
         return fail(0, "file shorter than header and footer");
     }
-    let header = bytes.get(..HEADER_BYTES).unwrap_or_default();
-    if header.get(..8) != Some(&HEADER_MAGIC[..]) {
-        return fail(0, "bad checkpoint magic");
-    }
-    if crc32c::crc32c(header.get(..60).unwrap_or_default()) != le_u32(header, 60).unwrap_or(0) {
-        return fail(0, "checkpoint header checksum mismatch");
-    }
-    let version = le_u32(header, 8).unwrap_or(0);
-    if version != crate::FORMAT_VERSION {
-        return fail(8, &format!("unsupported checkpoint format version {version}"));
-    }
-    let next_table_id = le_u32(header, 12).unwrap_or(0);
-    let ts = le_u64(header, 16).unwrap_or(0);
-    let applied = match le_u32(header, 40).unwrap_or(0) {
-        0 => None,
-        1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
-        _ => return fail(40, "bad applied-position flag in checkpoint header"),
-    };
+    let Header { ts, next_table_id, applied } = decode_header(bytes)?;
     let footer_at = bytes.len() - FOOTER_BYTES;
-    let footer = bytes.get(footer_at..).unwrap_or_default();
-    if footer.get(..8) != Some(&FOOTER_MAGIC[..]) {
-        return fail(footer_at, "missing checkpoint footer (incomplete file)");
-    }
-    if crc32c::crc32c(footer.get(..60).unwrap_or_default()) != le_u32(footer, 60).unwrap_or(0) {
-        return fail(footer_at, "checkpoint footer checksum mismatch");
-    }
-    let footer_ts = le_u64(footer, 8).unwrap_or(0);
-    let want_tables = le_u64(footer, 16).unwrap_or(0);
-    let want_entries = le_u64(footer, 24).unwrap_or(0);
-    let want_blocks = le_u64(footer, 32).unwrap_or(0);
-    let mut digest_bytes = [0u8; 16];
-    digest_bytes.copy_from_slice(footer.get(40..56).unwrap_or(&[0u8; 16]));
-    let want_digest = StateDigest(u128::from_le_bytes(digest_bytes));
-    if footer_ts != ts {
-        return fail(footer_at, "footer timestamp differs from header");
-    }
-
+    let footer = decode_footer(bytes.get(footer_at..).unwrap_or_default(), ts, footer_at as u64)?;
     let mut pos = HEADER_BYTES;
-    let (mut blocks, mut tables, mut entries) = (0u64, 0u64, 0u64);
-    let mut digest = StateDigest::default();
-    let mut names: crate::types::FastMap<u32, String> = crate::types::FastMap::default();
+    let mut decoder = BlockDecoder::default();
     while pos < footer_at {
         let (Some(len), Some(crc)) = (le_u32(bytes, pos), le_u32(bytes, pos + 4)) else {
             return fail(pos, "truncated block header");
@@ -256,48 +427,11 @@ pub(crate) fn read_checkpoint(
             return fail(pos, "block length runs past the footer");
         }
         let block = bytes.get(pos + BLOCK_HEADER_BYTES..pos + BLOCK_HEADER_BYTES + len).unwrap_or_default();
-        if crc32c::crc32c(block) != crc {
-            return fail(pos, "block checksum mismatch");
-        }
-        let mut r = Reader::new(block);
-        while !r.is_empty() {
-            let bad = |e: crate::codec::DecodeError| (pos as u64, format!("bad record in block: {e}"));
-            match r.u8("record tag").map_err(bad)? {
-                REC_TABLE => {
-                    let id = r.u32("table id").map_err(bad)?;
-                    let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name").map_err(bad)?;
-                    let name =
-                        std::str::from_utf8(raw).map_err(|_| (pos as u64, "table name is not UTF-8".to_owned()))?;
-                    if name.is_empty() || names.insert(id, name.to_owned()).is_some() {
-                        return fail(pos, "duplicate or empty table record");
-                    }
-                    sink.table(id, name);
-                    tables += 1;
-                }
-                REC_ENTRY => {
-                    let id = r.u32("table id").map_err(bad)?;
-                    let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
-                    let value = r.bytes32(MAX_VALUE_BYTES, "value").map_err(bad)?;
-                    let Some(name) = names.get(&id) else {
-                        return fail(pos, "entry for an unknown table");
-                    };
-                    digest.add(name, key, value);
-                    sink.entry(id, key, value);
-                    entries += 1;
-                }
-                _ => return fail(pos, "unknown record tag"),
-            }
-        }
-        blocks += 1;
+        decoder.block(pos as u64, block, crc, sink)?;
         pos += BLOCK_HEADER_BYTES + len;
     }
-    if (blocks, tables, entries) != (want_blocks, want_tables, want_entries) {
-        return fail(footer_at, "footer counts differ from the blocks");
-    }
-    if digest != want_digest {
-        return fail(footer_at, "state digest mismatch");
-    }
-    Ok(CheckpointSummary { ts, next_table_id, entries, digest, applied })
+    let digest = decoder.check(&footer, footer_at as u64)?;
+    Ok(CheckpointSummary { ts, next_table_id, entries: decoder.entries, digest, applied })
 }
 
 #[cfg(test)]
@@ -321,7 +455,7 @@ mod tests {
 
     fn write_sample(dir: &Path) -> PathBuf {
         let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-        let mut w = CheckpointWriter::create(fs, dir, 7, 3).expect("create");
+        let mut w = CheckpointWriter::create(fs, dir, 7, 3, None).expect("create");
         let a: Arc<str> = Arc::from("alpha");
         w.table(1, &a).expect("table");
         for i in 0..1000u32 {
@@ -334,8 +468,7 @@ mod tests {
     fn applied_position_round_trips_in_the_header() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-        let mut w = CheckpointWriter::create(fs, dir.path(), 9, 2).expect("create");
-        w.set_applied(Some(LogPosition::new(41, 3)));
+        let w = CheckpointWriter::create(fs, dir.path(), 9, 2, Some(LogPosition::new(41, 3))).expect("create");
         let path = w.finish().expect("finish").0;
         let bytes = read_all(StdFs.open(&path, OpenMode::Read).expect("open").as_ref()).expect("read");
         let summary = read_checkpoint(&bytes, &mut Collect::default()).expect("valid");

@@ -9,7 +9,9 @@
 //! file, so no single damaged range can remove both a commit and the claim that protects it.
 //!
 //! The claim never becomes false: WAL LSNs only grow, and recovery truncates only bytes past
-//! every claim (this one included), so the bytes below `end_lsn` are never rewritten.
+//! every claim (this one included), so the bytes below `end_lsn` are never rewritten. The one
+//! operation that replaces the log wholesale, a checkpoint install, retires the marker (removes
+//! it and fsyncs the directory) before its commit point.
 
 use std::path::Path;
 
@@ -74,6 +76,20 @@ pub(crate) fn read(fs: &dyn FileSystem, dir: &Path) -> Result<Option<CloseMarker
     }
     let bytes = fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
     CloseMarker::decode(&bytes).map(Some).map_err(|why| Error::corruption(&path, 0, why))
+}
+
+/// Removes the marker, if there is one, and fsyncs the directory before returning: a checkpoint
+/// install retires it before its commit point, because the new state starts a new WAL that the
+/// old marker's claim (its LSN, timestamp and digest) does not describe. Returns whether there
+/// was one.
+pub(crate) fn retire(fs: &dyn FileSystem, dir: &Path) -> Result<bool> {
+    let path = dir.join(CLOSE_MARKER);
+    if !fs.exists(&path).map_err(|e| Error::io(&path, e))? {
+        return Ok(false);
+    }
+    fs.remove_file(&path).map_err(|e| Error::io(&path, e))?;
+    fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    Ok(true)
 }
 
 /// Replaces the marker atomically: temp file, fdatasync, rename, directory fsync.

@@ -15,12 +15,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::accounting::Accounting;
+use crate::checkpoint_stream::{ExportInfo, InstallOptions};
 use crate::commit::{ApplyOutcome, Command, Committer, Published, Start};
 use crate::cpu::TagStats;
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::files::{IDENTITY_FILE, IDENTITY_MAGIC, LOCK_FILE};
 use crate::fs::{read_all, write_all_at, DirLock, FileSystem, OpenMode};
+use crate::install::InstallInfo;
 use crate::options::{Durability, Isolation, Options};
 use crate::recovery::{self, RecoveryReport};
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
@@ -500,6 +502,40 @@ impl Database {
         self.inner.checkpoint()
     }
 
+    /// Writes a consistent checkpoint of the newest visible state to `out`: exactly the bytes
+    /// of a checkpoint file (header with the applied log position, CRC'd blocks, footer with
+    /// the state digest). Reads a registered snapshot, so commits go on meanwhile and never
+    /// wait for the export. See `docs/design/format.md` ("Checkpoint streams").
+    pub fn export_checkpoint(&self, out: &mut impl std::io::Write) -> Result<ExportInfo> {
+        crate::checkpoint_stream::export(&self.inner, out)
+    }
+
+    /// Replaces this store's whole state with the checkpoint stream `input` (as written by
+    /// [`Database::export_checkpoint`]), with the default [`InstallOptions`].
+    pub fn install_checkpoint(&self, input: &mut impl std::io::Read) -> Result<InstallInfo> {
+        self.install_checkpoint_with(input, InstallOptions::default())
+    }
+
+    /// Replaces this store's whole state with the checkpoint stream `input` (a Raft follower
+    /// installing a snapshot). The old state stays readable and durable until the stream is
+    /// completely received and verified; a bad stream fails with [`Error::Corruption`] or
+    /// [`Error::InvalidArgument`] and changes nothing. Then the new state is made durable and
+    /// switched to atomically (a crash yields the old or the new state, never a mix).
+    /// Afterwards [`Database::applied`] is the stream's position, and the change feed and
+    /// history floor restart at the installed timestamp ([`Error::Compacted`] below it).
+    /// Snapshots taken before keep reading the old state; write transactions begun before
+    /// fail to commit with [`Error::Conflict`] ([`crate::ConflictReason::StateReplaced`]);
+    /// commits wait while the new checkpoint is written. See `docs/design/recovery.md`.
+    pub fn install_checkpoint_with(
+        &self,
+        input: &mut impl std::io::Read,
+        options: InstallOptions,
+    ) -> Result<InstallInfo> {
+        self.inner.committer.check_writable()?;
+        let received = crate::checkpoint_stream::receive(input, &options)?;
+        crate::install::install(&self.inner, received)
+    }
+
     /// What recovery found when this database was opened.
     pub fn recovery_report(&self) -> RecoveryReport {
         self.inner.recovery.clone()
@@ -586,6 +622,12 @@ impl Inner {
 
     pub(crate) fn check_open(&self) -> Result<()> {
         self.committer.check_open()
+    }
+
+    /// Forgets the unused part of this handle's id block: after an install, ids continue from
+    /// the installed state's allocator record.
+    pub(crate) fn reset_id_block(&self) {
+        *self.ids.lock() = IdBlock::default();
     }
 
     fn stats(&self) -> Stats {

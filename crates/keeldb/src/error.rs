@@ -165,6 +165,10 @@ pub enum ConflictReason {
     TableWritten,
     /// (Serializable) a key or range this transaction read was changed after its snapshot.
     ReadChanged,
+    /// The whole state was replaced by an installed checkpoint after this transaction's
+    /// snapshot (`Database::install_checkpoint`): everything it read is gone. A retry runs on
+    /// the installed state.
+    StateReplaced,
 }
 
 /// A key for messages: quoted text when it is short UTF-8, otherwise hex (first 32 bytes).
@@ -190,6 +194,7 @@ fn describe_conflict(table: &str, key: Option<&[u8]>, reason: ConflictReason) ->
         (ConflictReason::TableDropped, _) => format!("table {table:?} was dropped by a concurrent commit"),
         (ConflictReason::TableWritten, _) => format!("table {table:?} was written by a concurrent commit"),
         (ConflictReason::KeyWritten, None) => format!("table {table:?} was changed by a concurrent commit"),
+        (ConflictReason::StateReplaced, _) => "the state it read was replaced by an installed checkpoint".to_owned(),
     }
 }
 

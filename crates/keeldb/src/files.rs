@@ -1,5 +1,5 @@
 //! Every file name in a store directory, in one place: the identity file, the lock, the poison
-//! marker, the recovery log, the accounting totals, WAL segments and checkpoints (their naming
+//! and install markers, the recovery log, the accounting totals, WAL segments and checkpoints (their naming
 //! and parsing, and the `.tmp` / `.corrupt` suffixes).
 //!
 //! This module only names files; it never opens, reads or writes one. Formats live with their
@@ -20,6 +20,9 @@ pub(crate) const POISON_MARKER: &str = "POISONED";
 pub(crate) const RECOVERY_LOG: &str = "recovery.log";
 /// Per-tag CPU and latency totals (informational).
 pub(crate) const ACCOUNTING_FILE: &str = "accounting.txt";
+/// Present only while a checkpoint install is being completed: names the installed checkpoint
+/// and the new WAL's first segment (`install.rs`). Written under [`TMP_SUFFIX`] first.
+pub(crate) const INSTALL_MARKER: &str = "INSTALL";
 /// Suffix of a file being written before its atomic rename into place.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 /// Suffix recovery gives a checkpoint that failed verification.

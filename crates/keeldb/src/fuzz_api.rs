@@ -43,6 +43,13 @@ pub fn checkpoint(bytes: &[u8]) -> Result<u64, String> {
         .map_err(|(off, why)| format!("{why} at {off}"))
 }
 
+/// Reads and verifies a checkpoint stream the way `Database::install_checkpoint` does, with a
+/// 16 MiB limit; returns its entry count. Never touches a store.
+pub fn checkpoint_stream(mut bytes: &[u8]) -> Result<u64, String> {
+    let options = crate::InstallOptions { max_stream_bytes: 16 << 20, expected_bytes: None };
+    crate::checkpoint_stream::receive(&mut bytes, &options).map(|r| r.entries).map_err(|e| e.to_string())
+}
+
 /// Runs the whole read-only recovery analysis over an in-memory directory of files (name,
 /// contents). Returns the last recovered commit timestamp, or the error recovery reports.
 pub fn recover_dir(files: Vec<(String, Vec<u8>)>) -> Result<u64, String> {

@@ -85,6 +85,19 @@ impl History {
         }
     }
 
+    /// Empties the feed and restarts it at `start`, if it is recording: the whole state was
+    /// replaced at `start` (a checkpoint install), and no list of changes describes that jump.
+    /// A consumer asking for changes after an earlier timestamp gets `Error::Compacted` and
+    /// must read the state anew. Called under the publish lock, before `start` is visible.
+    pub fn restart(&self, start: u64) {
+        let mut feed = self.feed.lock();
+        if self.recording.load(Ordering::Acquire) {
+            feed.changes = VecDeque::new();
+            feed.bytes = 0;
+            feed.start = start;
+        }
+    }
+
     /// Stops recording and frees the feed.
     pub fn stop(&self) {
         let mut feed = self.feed.lock();

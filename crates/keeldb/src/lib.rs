@@ -24,6 +24,7 @@
 
 mod accounting;
 mod checkpoint;
+mod checkpoint_stream;
 mod close_marker;
 mod codec;
 mod commit;
@@ -38,6 +39,7 @@ pub mod fuzz_api;
 pub mod graph;
 mod history;
 mod index;
+mod install;
 mod maintenance;
 mod options;
 mod recovery;
@@ -49,6 +51,7 @@ mod verify;
 mod wal;
 mod wal_writer;
 
+pub use checkpoint_stream::{ExportInfo, InstallOptions};
 pub use commit::{ApplyOutcome, Command, Condition};
 pub use cpu::{thread_cpu_ns, Histogram, TagStats, HISTOGRAM_BUCKETS};
 pub use db::{conflict_backoff, CheckpointInfo, CommitWait, Database, Stats, TableStats, TxnOptions};
@@ -56,6 +59,7 @@ pub use digest::StateDigest;
 pub use error::{ConflictReason, Error, Location, Result};
 pub use graph::{Graph, GraphError};
 pub use history::{Change, ChangeKind};
+pub use install::InstallInfo;
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};

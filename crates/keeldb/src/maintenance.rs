@@ -12,11 +12,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::CheckpointWriter;
+use crate::checkpoint_stream::for_each_entry;
 use crate::commit::SyncSchedule;
 use crate::db::{CheckpointInfo, Inner};
 use crate::error::{Error, Result};
 use crate::fs::OpenMode;
-use crate::index::KeyRange;
 
 impl Inner {
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo> {
@@ -43,23 +43,18 @@ impl Inner {
             ts
         };
         let next_id = tables.iter().map(|t| t.id + 1).max().unwrap_or(1);
-        let mut writer = CheckpointWriter::create(Arc::clone(&self.fs), &self.path, snap, next_id)?;
-        writer.set_applied(applied);
+        let mut writer = CheckpointWriter::create(Arc::clone(&self.fs), &self.path, snap, next_id, applied)?;
         let mut entries = 0u64;
         for t in &tables {
             writer.table(t.id, &t.name)?;
-            let mut range = KeyRange { start: std::ops::Bound::Unbounded, end: std::ops::Bound::Unbounded };
-            loop {
-                let (chunk, more) = t.data.read().scan_chunk(&range, false, snap, 1024);
-                for (k, v) in &chunk {
-                    writer.entry(t.id, k, v)?;
+            // One chunk per read lock, so a long checkpoint never holds a table against a commit.
+            for_each_entry(
+                |range| t.data.read().scan_chunk(range, false, snap, 1024),
+                |k, v| {
                     entries += 1;
-                }
-                match chunk.last() {
-                    Some((k, _)) if more => range.start = std::ops::Bound::Excluded(k.clone()),
-                    _ => break,
-                }
-            }
+                    writer.entry(t.id, k, v)
+                },
+            )?;
         }
         if writer.digest() != expected {
             return Err(Error::corruption(

@@ -259,6 +259,13 @@ fn load_checkpoint(
 pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     let started = Instant::now();
     let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
+    if names.iter().any(|n| n == crate::files::INSTALL_MARKER) {
+        // The files are half old, half new by design until open finishes the install.
+        return Err(Error::InvalidArgument(format!(
+            "{} holds an unfinished checkpoint install; open the store to finish it",
+            dir.display()
+        )));
+    }
     let mut report = RecoveryReport::default();
     let (mut state, ckpt_ts, checkpoints, corrupt_checkpoints) = load_checkpoint(fs, dir, &names, &mut report)?;
 
@@ -461,6 +468,9 @@ pub(crate) struct Recovered {
 /// aside corrupt checkpoints, starts a new WAL segment and logs the report.
 pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u64) -> Result<Recovered> {
     let started = Instant::now();
+    // An install whose marker is durable is finished first, so the analysis sees only the new
+    // state; one that never reached its marker left only temporary files (removed below).
+    crate::install::finish_pending(fs, dir)?;
     let mut a = analyze(fs.as_ref(), dir)?;
     if let Some(mark) = a.mark_digest {
         if a.tear.is_none() && mark != a.state.digest.0 {

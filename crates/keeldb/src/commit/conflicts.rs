@@ -22,17 +22,20 @@ const TRIM_MIN: usize = 4096;
 /// Per table, the newest commit timestamp that wrote each recently written key, and per table
 /// name the newest timestamp that dropped it. Hashed, not ordered: point checks are O(1), and
 /// the rare serializable range check scans the table's recent set, which trimming keeps small.
+/// A transaction whose snapshot is older than `fence` conflicts whatever it touched: the state
+/// it read was replaced by an installed checkpoint (0 until an install).
 #[derive(Debug)]
 pub(crate) struct ConflictIndex {
     recent: FastMap<Arc<str>, FastMap<Key, u64>>,
     recent_len: usize,
     trim_at: usize,
     drops: FastMap<Arc<str>, u64>,
+    fence: u64,
 }
 
 impl Default for ConflictIndex {
     fn default() -> Self {
-        ConflictIndex { recent: FastMap::default(), recent_len: 0, trim_at: TRIM_MIN, drops: FastMap::default() }
+        ConflictIndex::fenced(0)
     }
 }
 
@@ -41,6 +44,13 @@ fn conflict(table: &Arc<str>, key: Option<&[u8]>, reason: ConflictReason) -> Con
 }
 
 impl ConflictIndex {
+    /// An empty index that fails every transaction whose snapshot is older than `fence`. After
+    /// an install the old records name tables of the replaced state; the fence alone decides
+    /// for every transaction that could have seen them.
+    pub fn fenced(fence: u64) -> ConflictIndex {
+        ConflictIndex { recent: FastMap::default(), recent_len: 0, trim_at: TRIM_MIN, drops: FastMap::default(), fence }
+    }
+
     fn written_after(&self, table: &str, key: &[u8], ts: u64) -> bool {
         self.recent.get(table).and_then(|m| m.get(key)).is_some_and(|&w| w > ts)
     }
@@ -65,6 +75,11 @@ impl ConflictIndex {
     /// read) was written by a commit sequenced after this transaction's snapshot.
     pub fn validate(&self, req: &CommitRequest) -> Result<(), Conflict> {
         let start = req.start_ts;
+        if start < self.fence {
+            let table = req.tables.keys().chain(req.reads.iter().map(|(t, _)| t)).next();
+            let table = table.map_or_else(|| Arc::from(""), Arc::clone);
+            return Err(Conflict { table, key: None, reason: ConflictReason::StateReplaced });
+        }
         for (name, tw) in &req.tables {
             if self.dropped_after(name, start) {
                 return Err(conflict(name, None, ConflictReason::TableDropped));
@@ -155,6 +170,14 @@ mod tests {
         assert_eq!(err, Some(conflict(&t, Some(b"k"), ConflictReason::KeyWritten)));
         assert!(idx.validate(&request(5, "t", b"k", Isolation::Snapshot)).is_ok(), "snapshot saw the write");
         assert!(idx.validate(&request(4, "t", b"other", Isolation::Snapshot)).is_ok());
+    }
+
+    #[test]
+    fn a_fence_fails_every_older_snapshot_and_no_newer_one() {
+        let idx = ConflictIndex::fenced(10);
+        let err = idx.validate(&request(9, "t", b"k", Isolation::Snapshot)).err();
+        assert_eq!(err, Some(conflict(&Arc::from("t"), None, ConflictReason::StateReplaced)));
+        assert!(idx.validate(&request(10, "t", b"k", Isolation::Snapshot)).is_ok());
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! [`AsyncCommit`] is the engine half of `WriteTxn::commit_async`'s future. Submitting pushes
 //! the request onto the same gather queue as a blocking commit, at once, so the commit is
 //! sequenced whether or not the future is ever polled. The task never parks its thread: it
-//! stores its waker in the waiter. When its first poll finds no leader, it yields once first, so
-//! every other task that is ready to commit queues up, and on its next poll takes leadership if
-//! it is still free and leads inline (one write and, for `sync`, one fdatasync for the whole
-//! queue). It does not hold leadership across the yield: a task that is never polled again, or
-//! whose thread then blocks in a blocking commit, would otherwise stall every committer. A task
-//! told to try to lead does so on that poll. Submitting does not take leadership: a future that is
+//! stores its waker in the waiter. When its first poll finds no leader, it *reserves* leadership
+//! and yields once, so every other task that is ready to commit queues up behind it (they see a
+//! leader and wait), then leads inline on its next poll (one write and, for `sync`, one
+//! fdatasync for the whole queue). A reservation is not leadership: a blocking committer, a task
+//! told to lead, or `close` takes it over, and the future then waits as a follower. So a task
+//! that is never polled again, or whose thread blocks in a blocking commit, stalls nobody. A
+//! task told to try to lead does so on that poll. Submitting does not take leadership: a future that is
 //! never polled holds nothing, and whoever comes next (another committer, a drop, or `close`)
 //! leads its commit.
 //!
@@ -36,9 +37,9 @@ enum Role {
     Submitted,
     /// Queued behind a leader; wait to be woken.
     Follower,
-    /// Found no leader: yield once so others can queue, then try to lead (nothing is held
-    /// meanwhile).
-    YieldThenLead,
+    /// Reserved leadership (see the module comment): yield once so others can queue, then
+    /// claim it and lead unless it was taken over.
+    Reserved(u64),
     /// Holds leadership: lead on this poll.
     LeadNow,
     /// The outcome was returned.
@@ -68,15 +69,15 @@ impl Committer {
             match commit.role {
                 Role::Finished => return Poll::Ready(Err(crate::Error::TransactionDone)),
                 Role::Submitted => {
-                    if self.leadership_free() {
-                        commit.role = Role::YieldThenLead;
+                    if let Some(reservation) = self.reserve_leadership() {
+                        commit.role = Role::Reserved(reservation);
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
                     commit.role = Role::Follower;
                 }
-                Role::YieldThenLead => {
-                    commit.role = if self.try_take_leadership() { Role::LeadNow } else { Role::Follower };
+                Role::Reserved(reservation) => {
+                    commit.role = if self.claim_reservation(reservation) { Role::LeadNow } else { Role::Follower };
                     continue;
                 }
                 Role::LeadNow => {
@@ -109,7 +110,11 @@ impl Committer {
         }
         let _told_to_lead = commit.waiter.abandon();
         // Held, or free with work queued (it was handed to this future, or nobody leads yet).
-        let holds_leadership = commit.role == Role::LeadNow || self.try_take_leadership();
+        let holds_leadership = match commit.role {
+            Role::LeadNow => true,
+            Role::Reserved(reservation) => self.claim_reservation(reservation) || self.try_take_leadership(),
+            _ => self.try_take_leadership(),
+        };
         commit.role = Role::Finished;
         if holds_leadership && self.release_gather() {
             // Nobody live is queued to take over: lead inline so the queued commits (this one

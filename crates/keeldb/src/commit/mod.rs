@@ -5,7 +5,8 @@
 //! index), the gather queue and in-order publication (`pipeline.rs`), the [`WalWriter`], the
 //! durable LSN, the poison state, the commit counters and the periodic-sync schedule. It also
 //! owns [`Published`], the state readers see (catalog, visible timestamp, snapshot registry,
-//! digest), because only publication may change what is visible.
+//! digest), because only publication (and a whole-state replacement, `replace.rs`) may change
+//! what is visible.
 //!
 //! It must not know about the database handle: nothing in `commit/` reaches `db.rs`, the
 //! transaction types or recovery. `db.rs` builds a committer from what recovery returned and
@@ -17,6 +18,7 @@ mod apply;
 mod conflicts;
 mod future;
 mod pipeline;
+mod replace;
 pub(crate) mod request;
 mod waiter;
 
@@ -30,6 +32,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 pub use self::apply::{ApplyOutcome, Command, Condition};
 pub(crate) use self::future::AsyncCommit;
 pub(crate) use self::pipeline::Pipeline;
+pub(crate) use self::replace::{Quiesced, ReplaceError, Replacement};
 pub(crate) use self::request::{CommitRequest, ReadItem, Sequencer, TableWrites};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};

@@ -68,7 +68,27 @@ impl std::fmt::Debug for Queued {
 #[derive(Debug, Default)]
 struct Gather {
     pending: Vec<Queued>,
+    /// Someone holds leadership: an active leader, or an async reservation (below).
     leader_active: bool,
+    /// Leadership is held by a future that yielded once before leading (so that the other
+    /// ready tasks of its runtime queue up behind it) and has not started yet. Anyone who
+    /// would otherwise wait for it may take it over: a thread that blocks, a task told to lead,
+    /// `close`. The future then finds its reservation gone and waits as a follower. So a future
+    /// that is never polled again, or whose thread blocks in a blocking commit, stalls nobody.
+    reserved: Option<u64>,
+    next_reservation: u64,
+}
+
+impl Gather {
+    /// Takes leadership when it is free or only reserved by a yielding future.
+    fn take(&mut self) -> bool {
+        if self.leader_active && self.reserved.is_none() {
+            return false;
+        }
+        self.leader_active = true;
+        self.reserved = None;
+        true
+    }
 }
 
 /// A batch whose I/O is done, waiting for the batches before it to publish.
@@ -96,6 +116,13 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
+    /// Runs `f` holding the publish lock: meanwhile no batch is between its apply and its
+    /// visibility (a state replacement swaps what readers see under it).
+    pub(super) fn with_publication_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _publishing = self.publish.lock();
+        f()
+    }
+
     /// Whether no commit is queued, gathering or waiting to publish, given the sequencer's
     /// next batch number.
     pub fn is_idle(&self, next_batch: u64) -> bool {
@@ -148,7 +175,7 @@ impl Committer {
         let mut g = self.pipeline.gather.lock();
         self.check_writable()?;
         g.pending.extend(requests.into_iter().map(|(req, waiter)| Queued { req, waiter, pin: None }));
-        Ok(!g.pending.is_empty() && !std::mem::replace(&mut g.leader_active, true))
+        Ok(!g.pending.is_empty() && g.take())
     }
 
     /// Pushes a request onto the gather queue. With `claim`, takes leadership if it is free and
@@ -164,16 +191,35 @@ impl Committer {
         // Checked under the queue lock: close waits for this queue to drain.
         self.check_writable()?;
         g.pending.push(Queued { req, waiter: Arc::clone(waiter), pin });
-        Ok(claim && !std::mem::replace(&mut g.leader_active, true))
+        Ok(claim && g.take())
     }
 
     /// Takes leadership if nobody holds it and work is queued.
     pub(super) fn try_take_leadership(&self) -> bool {
         let mut g = self.pipeline.gather.lock();
+        !g.pending.is_empty() && g.take()
+    }
+
+    /// For a future's first poll: reserves leadership if it is free and work is queued, and
+    /// returns the reservation to claim on the next poll.
+    pub(super) fn reserve_leadership(&self) -> Option<u64> {
+        let mut g = self.pipeline.gather.lock();
         if g.leader_active || g.pending.is_empty() {
+            return None;
+        }
+        g.next_reservation += 1;
+        g.leader_active = true;
+        g.reserved = Some(g.next_reservation);
+        g.reserved
+    }
+
+    /// Turns a reservation into leadership; false when someone took it over meanwhile.
+    pub(super) fn claim_reservation(&self, reservation: u64) -> bool {
+        let mut g = self.pipeline.gather.lock();
+        if g.reserved != Some(reservation) {
             return false;
         }
-        g.leader_active = true;
+        g.reserved = None;
         true
     }
 
@@ -311,10 +357,12 @@ impl Committer {
         let mut g = self.pipeline.gather.lock();
         if g.pending.is_empty() {
             g.leader_active = false;
+            g.reserved = None;
             return false;
         }
         let Some(first) = g.pending.iter().position(|q| q.waiter.set(Slot::TryLead)) else { return true };
         g.leader_active = false;
+        g.reserved = None;
         // An async committer may not be polled soon (its runtime thread may even be the one
         // blocked in a blocking commit behind it), so a queued blocking committer is told too:
         // whichever comes first leads, the other goes back to waiting.
@@ -324,11 +372,6 @@ impl Committer {
             }
         }
         false
-    }
-
-    /// Whether no leader is active right now (a hint: it may change at once).
-    pub(super) fn leadership_free(&self) -> bool {
-        !self.pipeline.gather.lock().leader_active
     }
 
     /// One write for the batch. Returns the file to sync, the LSN it reaches and its path.

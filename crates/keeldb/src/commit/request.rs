@@ -92,6 +92,28 @@ impl Sequencer {
         }
     }
 
+    /// The id the next new table gets (above every id this store has handed out).
+    pub fn next_table_id(&self) -> u32 {
+        self.next_table_id
+    }
+
+    /// Restarts the sequencer on an installed state at `ts`: new tables, ids, log position and
+    /// LSN, and a conflict index fenced at `ts`. The batch counter continues (publication
+    /// counts batches across the switch).
+    pub fn replace(
+        &mut self,
+        ts: u64,
+        next_lsn: u64,
+        live_tables: FastMap<Arc<str>, u32>,
+        next_table_id: u32,
+        applied: Option<LogPosition>,
+    ) {
+        let next_batch = self.next_batch;
+        *self = Sequencer::new(ts, next_lsn, live_tables, next_table_id, applied);
+        self.conflicts = ConflictIndex::fenced(ts);
+        self.next_batch = next_batch;
+    }
+
     /// Resolves table names to ids (allocating for new tables), starts encoding the payload at
     /// the end of the batch's `frames`, and records the writes in the conflict index at `ts`.
     pub fn resolve(
