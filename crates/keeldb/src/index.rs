@@ -101,8 +101,11 @@ impl Version {
         }
     }
 
-    /// Drops every version older than the one visible at `horizon`. Returns freed bytes.
-    pub fn prune(&mut self, horizon: u64) -> usize {
+    /// Drops every version older than the one visible at `horizon`. Returns the freed bytes
+    /// and the chain's new [`GcState::prunable_at`]: the timestamp of its second-oldest version
+    /// (pruning frees something only once the horizon reaches it), or [`GcState::NEVER`].
+    pub fn prune(&mut self, horizon: u64) -> (usize, u64) {
+        let mut newer_ts = GcState::NEVER;
         let mut v = self;
         loop {
             if v.ts <= horizon {
@@ -112,11 +115,14 @@ impl Version {
                     freed += old.value.as_ref().map_or(0, |b| b.len());
                     rest = old.older.take();
                 }
-                return freed;
+                return (freed, newer_ts);
             }
             match v.older.as_deref_mut() {
-                Some(next) => v = next,
-                None => return 0,
+                Some(next) => {
+                    newer_ts = v.ts;
+                    v = next;
+                }
+                None => return (0, newer_ts),
             }
         }
     }
@@ -143,6 +149,37 @@ pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 struct Slot {
     key: Key,
     head: Version,
+    gc: GcState,
+}
+
+/// Per chain, what the collector needs without walking the chain: the horizon from which
+/// pruning frees something (the second-oldest version's timestamp), and whether the key is on
+/// the candidate list. Without it every write (and every collector visit) walked the whole
+/// chain: with history kept, chains are long and writes became quadratic. Packed in one word
+/// (timestamps stay below 2^63).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GcState(u64);
+
+impl GcState {
+    const QUEUED: u64 = 1 << 63;
+    /// No second version: pruning can never free anything.
+    pub const NEVER: u64 = (1 << 63) - 1;
+
+    fn new() -> GcState {
+        GcState(Self::NEVER)
+    }
+    fn prunable_at(self) -> u64 {
+        self.0 & !Self::QUEUED
+    }
+    fn set_prunable_at(&mut self, ts: u64) {
+        self.0 = (self.0 & Self::QUEUED) | ts.min(Self::NEVER);
+    }
+    fn queued(self) -> bool {
+        self.0 & Self::QUEUED != 0
+    }
+    fn set_queued(&mut self, queued: bool) {
+        self.0 = if queued { self.0 | Self::QUEUED } else { self.0 & !Self::QUEUED };
+    }
 }
 
 /// The keys and versions of one table.
@@ -233,7 +270,7 @@ impl TableData {
 
     fn insert_new(&mut self, key: &[u8], head: Version) {
         let hash = self.hash(key);
-        let slot = Slot { key: Key::new(key), head };
+        let slot = Slot { key: Key::new(key), head, gc: GcState::new() };
         let n = match self.free.pop() {
             Some(n) => {
                 if let Some(s) = self.slots.get_mut(n as usize) {
@@ -261,7 +298,7 @@ impl TableData {
         {
             let (n, _) = entry.remove();
             if let Some(s) = self.slots.get_mut(n as usize) {
-                *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None } };
+                *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
                 self.free.push(n);
             }
         }
@@ -313,8 +350,9 @@ impl TableData {
         digest: &mut StateDigest,
     ) {
         let mut pushed_candidate = false;
-        match self.slot_of(key).and_then(|n| self.slots.get_mut(n)).map(|s| &mut s.head) {
-            Some(head) => {
+        match self.slot_of(key).and_then(|n| self.slots.get_mut(n)) {
+            Some(slot) => {
+                let head = &mut slot.head;
                 debug_assert!(head.ts < ts, "versions applied out of order");
                 if let Some(old) = head.value.as_deref() {
                     digest.remove(table, key, old);
@@ -325,11 +363,23 @@ impl TableData {
                 let previous = std::mem::replace(head, Version { ts, value: new_value, older: None });
                 if previous.value.is_none() && previous.ts <= horizon {
                     // A deleted key collected as far as anyone can see: no need to keep it.
+                    slot.gc.set_prunable_at(GcState::NEVER);
                 } else {
+                    if previous.older.is_none() {
+                        // Two versions now: the new head is the second-oldest.
+                        slot.gc.set_prunable_at(ts);
+                    }
                     head.older = Some(Box::new(previous));
-                    head.prune(horizon);
+                    if horizon >= slot.gc.prunable_at() {
+                        let (_, prunable_at) = head.prune(horizon);
+                        slot.gc.set_prunable_at(prunable_at);
+                    }
                 }
-                pushed_candidate = head.older.is_some() || head.value.is_none();
+                // Each key is on the candidate list at most once.
+                pushed_candidate = (head.older.is_some() || head.value.is_none()) && !slot.gc.queued();
+                if pushed_candidate {
+                    slot.gc.set_queued(true);
+                }
             }
             None => {
                 if value.is_none() {
@@ -356,14 +406,20 @@ impl TableData {
         let batch: Vec<Key> = self.gc_candidates.drain(..take).collect();
         let mut keep = Vec::new();
         for key in batch {
-            let remove = match self.slot_of(key.as_slice()).and_then(|n| self.slots.get_mut(n)).map(|s| &mut s.head) {
+            let remove = match self.slot_of(key.as_slice()).and_then(|n| self.slots.get_mut(n)) {
                 None => false,
-                Some(head) => {
-                    head.prune(horizon);
+                Some(slot) => {
+                    slot.gc.set_queued(false);
+                    let head = &mut slot.head;
+                    if horizon >= slot.gc.prunable_at() {
+                        let (_, prunable_at) = head.prune(horizon);
+                        slot.gc.set_prunable_at(prunable_at);
+                    }
                     if head.value.is_none() && head.older.is_none() && head.ts <= horizon {
                         true
                     } else {
                         if head.older.is_some() || head.value.is_none() {
+                            slot.gc.set_queued(true);
                             keep.push(key.clone());
                         }
                         false
@@ -374,10 +430,8 @@ impl TableData {
                 self.remove(key.as_slice());
             }
         }
-        // Chains still too young to prune go back on the list, deduplicated lazily.
-        if !keep.is_empty() && self.gc_candidates.len() < self.order.len() {
-            self.gc_candidates.extend(keep);
-        }
+        // Chains still too young to prune go back on the list (each key is on it at most once).
+        self.gc_candidates.extend(keep);
         take
     }
 
@@ -523,6 +577,29 @@ mod tests {
         assert_eq!(t.chain_depth(b"k"), 50);
         apply(&mut t, b"k", Some(b"x"), 51, 51);
         assert_eq!(t.chain_depth(b"k"), 1);
+    }
+
+    #[test]
+    fn long_chains_are_walked_only_when_the_horizon_passes_their_second_oldest_version() {
+        let mut t = TableData::default();
+        // History kept from ts 0: nothing is prunable, the key is a candidate once.
+        for ts in 1..=100 {
+            apply(&mut t, b"k", Some(&[ts as u8]), ts, 0);
+        }
+        assert_eq!(t.chain_depth(b"k"), 100);
+        assert_eq!(t.pending_gc(), 1, "a key is on the collector's list at most once");
+        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(|s| s.gc.prunable_at());
+        assert_eq!(slot, Some(2), "the second-oldest version's timestamp");
+        // The collector visits it without freeing anything while the horizon stays below 2.
+        t.collect(1, 10);
+        assert_eq!((t.chain_depth(b"k"), t.pending_gc()), (100, 1));
+        // The horizon rises to 60: versions 1..59 go, 60 is the oldest, 61 the second-oldest.
+        t.collect(60, 10);
+        assert_eq!(t.chain_depth(b"k"), 41);
+        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(|s| s.gc.prunable_at());
+        assert_eq!(slot, Some(61));
+        apply(&mut t, b"k", Some(b"x"), 101, 100);
+        assert_eq!(t.chain_depth(b"k"), 2, "a write at horizon 100 keeps 100 (visible there) and 101");
     }
 
     #[test]
