@@ -110,9 +110,13 @@ impl History {
         self.recording.load(Ordering::Acquire)
     }
 
-    /// Appends one commit's changes; called in timestamp order by publication.
+    /// Appends one commit's changes; called in timestamp order by publication. Checked again
+    /// under the lock: a `stop` between publication's check and here leaves the feed empty.
     pub fn record(&self, changes: impl Iterator<Item = Change>) {
         let mut feed = self.feed.lock();
+        if !self.is_recording() {
+            return;
+        }
         for c in changes {
             feed.bytes += c.memory_bytes();
             feed.changes.push_back(c);

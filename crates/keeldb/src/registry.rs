@@ -48,14 +48,7 @@ impl Registry {
     /// floor only rises), so every version a reader at or above it needs is still there.
     pub fn acquire_at(&self, ts: u64, visible: &AtomicU64) -> std::result::Result<u64, AtError> {
         let mut held = self.held.lock();
-        let now = visible.load(Ordering::Acquire);
-        if ts > now {
-            return Err(AtError::Future { latest: now });
-        }
-        let horizon = Self::horizon_locked(&held, now);
-        if ts < horizon {
-            return Err(AtError::Compacted { horizon });
-        }
+        Self::check_readable(&held, ts, visible)?;
         *held.snapshots.entry(ts).or_insert(0) += 1;
         Ok(ts)
     }
@@ -75,6 +68,20 @@ impl Registry {
                 held.snapshots.remove(&ts);
             }
         }
+    }
+
+    /// Whether every version visible at `ts` is still kept (at or above the horizon) and `ts`
+    /// is visible; called under the lock, so the answer holds until it is released.
+    fn check_readable(held: &Held, ts: u64, visible: &AtomicU64) -> std::result::Result<(), AtError> {
+        let now = visible.load(Ordering::Acquire);
+        if ts > now {
+            return Err(AtError::Future { latest: now });
+        }
+        let horizon = Self::horizon_locked(held, now);
+        if ts < horizon {
+            return Err(AtError::Compacted { horizon });
+        }
+        Ok(())
     }
 
     fn horizon_locked(held: &Held, now: u64) -> u64 {
@@ -101,14 +108,7 @@ impl Registry {
     /// force. Refused below the current horizon (that history is gone) or above `visible`.
     pub fn set_floor(&self, ts: u64, visible: &AtomicU64) -> std::result::Result<u64, AtError> {
         let mut held = self.held.lock();
-        let now = visible.load(Ordering::Acquire);
-        if ts > now {
-            return Err(AtError::Future { latest: now });
-        }
-        let horizon = Self::horizon_locked(&held, now);
-        if ts < horizon {
-            return Err(AtError::Compacted { horizon });
-        }
+        Self::check_readable(&held, ts, visible)?;
         held.floor = Some(ts);
         Ok(ts)
     }
