@@ -1,0 +1,573 @@
+package main
+
+// keelcheck fault: a cluster of server processes, a random put/get/cas workload from several
+// clients, one process fault per round, then a porcupine linearizability check of the whole
+// history (final reads of every key included) and a plain lost-write check.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, " ") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+type faultConfig struct {
+	serverBin    string
+	nodes        int
+	rounds       int
+	roundSecs    float64
+	clients      int
+	keys         int
+	workdir      string
+	basePort     int
+	seed         int64
+	faults       []string
+	serverArgs   stringList
+	opTimeout    time.Duration
+	downTime     time.Duration
+	recover      time.Duration
+	checkTimeout time.Duration
+	restartState string
+	injectBug    string
+	maxOps       int
+}
+
+var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
+
+type recorder struct {
+	start    time.Time
+	mu       sync.Mutex
+	ops      []porcupine.Operation
+	clientID atomic.Int64
+	ok       atomic.Int64
+	unknown  atomic.Int64
+}
+
+func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
+
+func (r *recorder) add(op porcupine.Operation) {
+	r.mu.Lock()
+	r.ops = append(r.ops, op)
+	r.mu.Unlock()
+	if op.Output.(kvOutput).Unknown {
+		r.unknown.Add(1)
+	} else {
+		r.ok.Add(1)
+	}
+}
+
+// do runs one operation and records it. An error or timeout makes its outcome unknown.
+func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration) (kvOutput, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	call := r.now()
+	var out kvOutput
+	var err error
+	switch in.Kind {
+	case opPut:
+		_, err = cli.Put(ctx, in.Key, in.Value)
+	case opGet:
+		var resp *clientv3.GetResponse
+		resp, err = cli.Get(ctx, in.Key) // linearizable by default
+		if err == nil && len(resp.Kvs) > 0 {
+			out.Found, out.Value = true, string(resp.Kvs[0].Value)
+		}
+	case opCAS:
+		var resp *clientv3.TxnResponse
+		resp, err = cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
+			Then(clientv3.OpPut(in.Key, in.Value)).
+			Else(clientv3.OpGet(in.Key)).
+			Commit()
+		if err == nil {
+			out.Succeeded = resp.Succeeded
+			if !resp.Succeeded {
+				if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
+					err = fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
+				} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+					out.Found, out.Value = true, string(kvs[0].Value)
+				}
+			}
+		}
+	}
+	ret := r.now()
+	if err != nil {
+		out = kvOutput{Unknown: true}
+		ret = infinity
+	}
+	r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
+	return out, err == nil
+}
+
+func runFault(args []string) int {
+	var cfg faultConfig
+	fs := flag.NewFlagSet("fault", flag.ContinueOnError)
+	fs.StringVar(&cfg.serverBin, "server-bin", "", "server binary taking etcd's member flags (etcd, or a wrapper running `keel serve`)")
+	fs.IntVar(&cfg.nodes, "nodes", 3, "cluster size")
+	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds, one fault each")
+	fs.Float64Var(&cfg.roundSecs, "round-secs", 10, "workload seconds per round")
+	fs.IntVar(&cfg.clients, "clients", 8, "concurrent clients")
+	fs.IntVar(&cfg.keys, "keys", 10, "number of keys")
+	fs.StringVar(&cfg.workdir, "workdir", "", "directory for data dirs, server logs, history.json and violation.html")
+	fs.IntVar(&cfg.basePort, "base-port", 23790, "node i (0-based) listens on client port P+2i and peer port P+2i+1")
+	fs.Int64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock; printed)")
+	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none")
+	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process (repeatable)")
+	fs.DurationVar(&cfg.opTimeout, "op-timeout", 2*time.Second, "timeout of one client operation")
+	fs.DurationVar(&cfg.downTime, "down-time", 1500*time.Millisecond, "how long killed nodes stay down")
+	fs.DurationVar(&cfg.recover, "recover-timeout", 60*time.Second, "how long a cluster may take to have every node up and one leader")
+	fs.DurationVar(&cfg.checkTimeout, "check-timeout", 5*time.Minute, "total time limit of the linearizability check")
+	fs.StringVar(&cfg.restartState, "restart-cluster-state", "", "--initial-cluster-state on restarts (default: the same flags as the first start, i.e. new)")
+	fs.IntVar(&cfg.maxOps, "max-ops-per-client-round", 100000, "upper bound of operations per client per round")
+	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.serverBin == "" || cfg.workdir == "" || cfg.nodes < 1 || cfg.rounds < 0 || cfg.clients < 1 || cfg.keys < 1 || cfg.roundSecs <= 0 {
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --server-bin and --workdir are required; --nodes, --clients, --keys, --round-secs must be positive")
+		return 2
+	}
+	for _, f := range strings.Split(*faults, ",") {
+		f = strings.TrimSpace(f)
+		if !knownFaults[f] {
+			fmt.Fprintf(os.Stderr, "keelcheck fault: unknown fault %q\n", f)
+			return 2
+		}
+		cfg.faults = append(cfg.faults, f)
+	}
+	if cfg.injectBug != "" && cfg.injectBug != "read" && cfg.injectBug != "lost" {
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read or lost")
+		return 2
+	}
+	if cfg.seed == 0 {
+		cfg.seed = time.Now().UnixNano() % 1_000_000_000
+	}
+	if p, err := filepath.Abs(cfg.serverBin); err == nil {
+		cfg.serverBin = p
+	}
+	if err := os.MkdirAll(cfg.workdir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "keelcheck fault:", err)
+		return 2
+	}
+	// A fresh cluster every run: remove only what keelcheck itself makes there.
+	for i := 1; i <= cfg.nodes; i++ {
+		_ = os.RemoveAll(filepath.Join(cfg.workdir, fmt.Sprintf("n%d.data", i)))
+		_ = os.Remove(filepath.Join(cfg.workdir, fmt.Sprintf("n%d.log", i)))
+	}
+	_ = os.Remove(filepath.Join(cfg.workdir, "violation.html"))
+
+	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.serverArgs, cfg.restartState)
+	// Servers never outlive keelcheck: on return, on panic (here or in a goroutine, via
+	// guard), and on SIGINT/SIGTERM.
+	defer c.killAll()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "keelcheck: %v: killing servers\n", s)
+		c.killAll()
+		os.Exit(130)
+	}()
+	guardCluster = c
+	defer func() {
+		if r := recover(); r != nil {
+			c.killAll()
+			panic(r)
+		}
+	}()
+	return faultMain(cfg, c)
+}
+
+var guardCluster *cluster
+
+// guard is deferred first in every goroutine: a panic anywhere still kills the servers.
+func guard() {
+	if r := recover(); r != nil {
+		fmt.Fprintf(os.Stderr, "keelcheck: panic: %v\n%s", r, debug.Stack())
+		if guardCluster != nil {
+			guardCluster.killAll()
+		}
+		os.Exit(70)
+	}
+}
+
+func faultMain(cfg faultConfig, c *cluster) int {
+	ctx := context.Background()
+	rng := rand.New(rand.NewSource(cfg.seed))
+	fmt.Printf("keelcheck: seed=%d server=%s nodes=%d workdir=%s endpoints=%s\n", cfg.seed, cfg.serverBin, cfg.nodes, cfg.workdir, strings.Join(c.endpoints(), ","))
+	for i := range c.nodes {
+		if err := c.start(i); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck:", err)
+			return 2
+		}
+	}
+	t0 := time.Now()
+	if _, err := c.waitHealthy(ctx, cfg.recover); err != nil {
+		fmt.Fprintf(os.Stderr, "keelcheck: cluster never became healthy: %v\n", err)
+		fmt.Printf("keelcheck: rounds=0 ops=0 ok=0 unknown=0 violations=0 lost=0 seed=%d recovered=no\n", cfg.seed)
+		return 3
+	}
+	fmt.Printf("keelcheck: cluster up with a leader in %.1fs\n", time.Since(t0).Seconds())
+
+	keys := make([]string, cfg.keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("keelcheck/k%03d", i)
+	}
+	rec := &recorder{start: time.Now()}
+	var valueSeq atomic.Int64
+	clis := make([]*clientv3.Client, cfg.clients)
+	for i := range clis {
+		// Rotate the endpoint list so clients start on different members.
+		eps := c.endpoints()
+		eps = append(eps[i%len(eps):], eps[:i%len(eps)]...)
+		cli, err := newClient(eps, 2*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck: client:", err)
+			return 2
+		}
+		clis[i] = cli
+	}
+	rec.clientID.Store(int64(cfg.clients))
+	lastSeen := make([]map[string]string, cfg.clients) // per client: a value it saw or wrote per key
+	for i := range lastSeen {
+		lastSeen[i] = map[string]string{}
+	}
+	clientRngs := make([]*rand.Rand, cfg.clients)
+	for i := range clientRngs {
+		clientRngs[i] = rand.New(rand.NewSource(cfg.seed*1000 + int64(i)))
+	}
+	clientIDs := make([]int, cfg.clients)
+	for i := range clientIDs {
+		clientIDs[i] = i
+	}
+
+	recovered := true
+	rounds := 0
+	for r := 0; r < cfg.rounds; r++ {
+		fault := cfg.faults[r%len(cfg.faults)]
+		roundDur := time.Duration(cfg.roundSecs * float64(time.Second))
+		roundEnd := time.Now().Add(roundDur)
+		okBefore, unkBefore := rec.ok.Load(), rec.unknown.Load()
+		var wg sync.WaitGroup
+		for ci := 0; ci < cfg.clients; ci++ {
+			wg.Add(1)
+			go func(ci int) {
+				defer guard()
+				defer wg.Done()
+				rn := clientRngs[ci]
+				for n := 0; n < cfg.maxOps && time.Now().Before(roundEnd); n++ {
+					key := keys[rn.Intn(len(keys))]
+					var in kvInput
+					switch p := rn.Intn(100); {
+					case p < 40:
+						in = kvInput{Kind: opPut, Key: key, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
+					case p < 75:
+						in = kvInput{Kind: opGet, Key: key}
+					default:
+						exp, ok := lastSeen[ci][key]
+						if !ok {
+							exp = "never-written"
+						}
+						in = kvInput{Kind: opCAS, Key: key, Expect: exp, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
+					}
+					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout)
+					if !ok {
+						// The unknown op stays pending forever: later ops of this client get a
+						// fresh id so the visualization shows them on their own line.
+						clientIDs[ci] = int(rec.clientID.Add(1))
+						continue
+					}
+					switch {
+					case in.Kind == opPut || (in.Kind == opCAS && out.Succeeded):
+						lastSeen[ci][key] = in.Value
+					case out.Found:
+						lastSeen[ci][key] = out.Value
+					}
+				}
+			}(ci)
+		}
+		// The fault, a third of the way into the round.
+		time.Sleep(roundDur / 3)
+		desc, err := injectFault(ctx, c, cfg, fault, rng)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "keelcheck: round %d: fault %s: %v\n", r+1, fault, err)
+		}
+		wg.Wait()
+		rounds++
+		t := time.Now()
+		_, herr := c.waitHealthy(ctx, cfg.recover)
+		fmt.Printf("keelcheck: round %d/%d fault=%s (%s) ok=%d unknown=%d recovered=%v in %.1fs\n",
+			r+1, cfg.rounds, fault, desc, rec.ok.Load()-okBefore, rec.unknown.Load()-unkBefore, herr == nil, time.Since(t).Seconds())
+		if herr != nil {
+			fmt.Fprintf(os.Stderr, "keelcheck: round %d: server never recovered: %v\n", r+1, herr)
+			recovered = false
+			break
+		}
+	}
+
+	// Final reads: every key, linearizably, through every member.
+	finals := map[string]kvOutput{}
+	finalIdx := map[string][]int{}
+	if recovered {
+		for _, nd := range c.nodes {
+			cli, err := newClient([]string{nd.clientURL}, 2*time.Second)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "keelcheck: final client:", err)
+				continue
+			}
+			id := int(rec.clientID.Add(1))
+			for _, k := range keys {
+				for attempt := 0; attempt < 10; attempt++ {
+					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second)
+					if ok {
+						finals[k] = out
+						rec.mu.Lock()
+						finalIdx[k] = append(finalIdx[k], len(rec.ops)-1)
+						rec.mu.Unlock()
+						break
+					}
+					id = int(rec.clientID.Add(1))
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+			cli.Close()
+		}
+		for _, k := range keys {
+			if _, ok := finals[k]; !ok {
+				fmt.Fprintf(os.Stderr, "keelcheck: no final read of %s succeeded on any member\n", k)
+				recovered = false
+			}
+		}
+	}
+	for _, cli := range clis {
+		cli.Close()
+	}
+	c.killAll()
+
+	history := rec.ops
+	if cfg.injectBug != "" {
+		injectBug(cfg.injectBug, history, finals, finalIdx)
+	}
+	writeHistory(filepath.Join(cfg.workdir, "history.json"), history)
+
+	lost := lostWrites(history, finals)
+	for _, l := range lost {
+		fmt.Fprintln(os.Stderr, "keelcheck: lost:", l)
+	}
+	violations, undecided := checkHistory(history, cfg)
+	fmt.Printf("keelcheck: rounds=%d ops=%d ok=%d unknown=%d violations=%d lost=%d seed=%d recovered=%v check=%s\n",
+		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), cfg.seed,
+		yesNo(recovered), map[bool]string{true: "incomplete", false: "complete"}[undecided > 0])
+	switch {
+	case violations > 0 || len(lost) > 0:
+		return 1
+	case !recovered:
+		return 3
+	case undecided > 0:
+		fmt.Fprintf(os.Stderr, "keelcheck: the check of %d keys did not finish within --check-timeout %v\n", undecided, cfg.checkTimeout)
+		return 4
+	}
+	return 0
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func injectFault(ctx context.Context, c *cluster, cfg faultConfig, fault string, rng *rand.Rand) (string, error) {
+	if fault == "none" {
+		return "nothing", nil
+	}
+	v, err := c.waitHealthy(ctx, cfg.recover)
+	if err != nil && fault != "kill-all" && fault != "restart" {
+		return "skipped", fmt.Errorf("no leader to pick a victim: %w", err)
+	}
+	switch fault {
+	case "kill-leader", "kill-follower":
+		victim := v.leaderIdx
+		if fault == "kill-follower" {
+			var fol []int
+			for i := range c.nodes {
+				if i != v.leaderIdx {
+					fol = append(fol, i)
+				}
+			}
+			if len(fol) == 0 {
+				return "skipped", errors.New("no follower in a one-node cluster")
+			}
+			victim = fol[rng.Intn(len(fol))]
+		}
+		c.stop(victim, syscall.SIGKILL, 0)
+		time.Sleep(cfg.downTime)
+		return "kill -9 " + c.nodes[victim].name, c.start(victim)
+	case "kill-all":
+		c.killAll()
+		time.Sleep(cfg.downTime)
+		for i := range c.nodes {
+			if err := c.start(i); err != nil {
+				return "kill -9 all", err
+			}
+		}
+		return "kill -9 all", nil
+	case "restart":
+		// Rolling restart: SIGTERM one member, start it again, wait until it answers.
+		for i := range c.nodes {
+			c.stop(i, syscall.SIGTERM, 10*time.Second)
+			if err := c.start(i); err != nil {
+				return "rolling restart", err
+			}
+			deadline := time.Now().Add(cfg.recover)
+			for {
+				if _, err := status(ctx, c.nodes[i].clientURL, time.Second); err == nil {
+					break
+				}
+				if time.Now().After(deadline) || !c.running(i) {
+					return "rolling restart", fmt.Errorf("%s did not come back", c.nodes[i].name)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		return "rolling restart (SIGTERM)", nil
+	}
+	return "", fmt.Errorf("unknown fault %q", fault)
+}
+
+// checkHistory checks each key's operations with porcupine within the total time limit.
+// It returns how many keys are not linearizable and how many could not be decided in time.
+// On a violation it writes porcupine's visualization of the bad keys to workdir.
+func checkHistory(history []porcupine.Operation, cfg faultConfig) (violations, undecided int) {
+	pruned := pruneHistory(history)
+	single := kvModel
+	single.Partition = nil
+	deadline := time.Now().Add(cfg.checkTimeout)
+	var bad []porcupine.Operation
+	var badKeys []string
+	for _, part := range partitionByKey(pruned) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			undecided++
+			continue
+		}
+		switch porcupine.CheckOperationsTimeout(single, part, left) {
+		case porcupine.Illegal:
+			violations++
+			badKeys = append(badKeys, part[0].Input.(kvInput).Key)
+			bad = append(bad, part...)
+		case porcupine.Unknown:
+			undecided++
+		}
+	}
+	if violations > 0 {
+		fmt.Fprintf(os.Stderr, "keelcheck: not linearizable: %s\n", strings.Join(badKeys, " "))
+		_, info := porcupine.CheckOperationsVerbose(kvModel, bad, time.Minute)
+		path := filepath.Join(cfg.workdir, "violation.html")
+		if err := porcupine.VisualizePath(kvModel, info, path); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck: visualization:", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "keelcheck: visualization of the violating keys: %s\n", path)
+		}
+	}
+	return violations, undecided
+}
+
+// injectBug corrupts the recorded history so that a correct checker must fail; it tests
+// keelcheck itself, never the server.
+func injectBug(kind string, history []porcupine.Operation, finals map[string]kvOutput, finalIdx map[string][]int) {
+	switch kind {
+	case "read":
+		var gets []int
+		for i, op := range history {
+			in, out := op.Input.(kvInput), op.Output.(kvOutput)
+			if in.Kind == opGet && !out.Unknown {
+				gets = append(gets, i)
+			}
+		}
+		if len(gets) == 0 {
+			fmt.Fprintln(os.Stderr, "keelcheck: inject-bug: no successful read to corrupt")
+			return
+		}
+		i := gets[len(gets)/2]
+		out := history[i].Output.(kvOutput)
+		out.Found, out.Value = true, "injected-bug"
+		history[i].Output = out
+		fmt.Fprintf(os.Stderr, "keelcheck: inject-bug: read of %s now returns a value never written\n", history[i].Input.(kvInput).Key)
+	case "lost":
+		// Make the final reads of one key return its first acknowledged write, as if every
+		// later acknowledged write had been lost.
+		keys := make([]string, 0, len(finalIdx))
+		for k := range finalIdx {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			var first *porcupine.Operation
+			later := false
+			for i := range history {
+				in, out := history[i].Input.(kvInput), history[i].Output.(kvOutput)
+				if in.Key != k || out.Unknown || !(in.Kind == opPut || (in.Kind == opCAS && out.Succeeded)) {
+					continue
+				}
+				if first == nil {
+					first = &history[i]
+				} else if history[i].Call > first.Return {
+					later = true
+				}
+			}
+			if first == nil || !later {
+				continue
+			}
+			stale := kvOutput{Found: true, Value: first.Input.(kvInput).Value}
+			for _, i := range finalIdx[k] {
+				history[i].Output = stale
+			}
+			finals[k] = stale
+			fmt.Fprintf(os.Stderr, "keelcheck: inject-bug: final reads of %s now return its first write %q\n", k, stale.Value)
+			return
+		}
+		fmt.Fprintln(os.Stderr, "keelcheck: inject-bug: no key with two ordered acknowledged writes")
+	}
+}
+
+type historyRecord struct {
+	Client int      `json:"client"`
+	Call   int64    `json:"call_ns"`
+	Return int64    `json:"return_ns"` // max int64 for an unknown outcome
+	Input  kvInput  `json:"input"`
+	Output kvOutput `json:"output"`
+}
+
+func writeHistory(path string, history []porcupine.Operation) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "keelcheck: history:", err)
+		return
+	}
+	defer f.Close()
+	enc := json.NewEncoder(f)
+	for _, op := range history {
+		_ = enc.Encode(historyRecord{op.ClientId, op.Call, op.Return, op.Input.(kvInput), op.Output.(kvOutput)})
+	}
+}
