@@ -30,6 +30,7 @@ type node struct {
 
 type cluster struct {
 	bin          string
+	preArgs      []string // before the member flags, e.g. "serve" for `keel serve`
 	extraArgs    []string
 	restartState string // "" keeps --initial-cluster-state new on restarts
 	nodes        []*node
@@ -37,8 +38,8 @@ type cluster struct {
 	mu           sync.Mutex
 }
 
-func newCluster(bin, workdir string, n, basePort int, extra []string, restartState string) *cluster {
-	c := &cluster{bin: bin, extraArgs: extra, restartState: restartState}
+func newCluster(bin, workdir string, n, basePort int, pre, extra []string, restartState string) *cluster {
+	c := &cluster{bin: bin, preArgs: pre, extraArgs: extra, restartState: restartState}
 	var parts []string
 	for i := 0; i < n; i++ {
 		nd := &node{
@@ -79,6 +80,7 @@ func (c *cluster) args(nd *node) []string {
 		"--initial-cluster-token", "keelcheck",
 		"--initial-cluster-state", state,
 	}
+	a = append(append([]string{}, c.preArgs...), a...)
 	return append(a, c.extraArgs...)
 }
 

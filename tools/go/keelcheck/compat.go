@@ -9,7 +9,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -52,8 +55,50 @@ func runCompat(args []string) int {
 	skipLease := fs.Bool("skip-lease", false, "skip the lease section")
 	skipWatch := fs.Bool("skip-watch", false, "skip the watch section")
 	skipCompact := fs.Bool("skip-compact", false, "skip the compaction section")
+	serverBin := fs.String("server-bin", "", "instead of --endpoints: start a cluster of this server binary on 127.0.0.1 (as keelcheck fault does), check it, stop it")
+	nodes := fs.Int("nodes", 3, "with --server-bin: cluster size")
+	workdir := fs.String("workdir", "", "with --server-bin: directory for data dirs and server logs")
+	basePort := fs.Int("base-port", 23890, "with --server-bin: node i listens on client port P+2i and peer port P+2i+1")
+	var serverArgs, preArgs stringList
+	fs.Var(&serverArgs, "server-arg", "with --server-bin: extra server argument after the member flags (repeatable)")
+	fs.Var(&preArgs, "server-pre-arg", "with --server-bin: argument before the member flags, e.g. serve (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *serverBin != "" {
+		if *workdir == "" {
+			fmt.Fprintln(os.Stderr, "keelcheck compat: --server-bin needs --workdir")
+			return 2
+		}
+		if err := os.MkdirAll(*workdir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck compat:", err)
+			return 2
+		}
+		for i := 1; i <= *nodes; i++ {
+			_ = os.RemoveAll(filepath.Join(*workdir, fmt.Sprintf("n%d.data", i)))
+			_ = os.Remove(filepath.Join(*workdir, fmt.Sprintf("n%d.log", i)))
+		}
+		cl := newCluster(*serverBin, *workdir, *nodes, *basePort, preArgs, serverArgs, "")
+		guardCluster = cl
+		defer cl.killAll()
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+		go func() {
+			<-sigs
+			cl.killAll()
+			os.Exit(130)
+		}()
+		for i := range cl.nodes {
+			if err := cl.start(i); err != nil {
+				fmt.Fprintln(os.Stderr, "keelcheck compat:", err)
+				return 2
+			}
+		}
+		if _, err := cl.waitHealthy(context.Background(), 60*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck compat: cluster never became healthy:", err)
+			return 3
+		}
+		*eps = strings.Join(cl.endpoints(), ",")
 	}
 	endpoints := strings.Split(*eps, ",")
 	for _, ep := range endpoints {

@@ -43,6 +43,7 @@ type faultConfig struct {
 	seed         int64
 	faults       []string
 	serverArgs   stringList
+	preArgs      stringList
 	opTimeout    time.Duration
 	downTime     time.Duration
 	recover      time.Duration
@@ -132,7 +133,8 @@ func runFault(args []string) int {
 	fs.IntVar(&cfg.basePort, "base-port", 23790, "node i (0-based) listens on client port P+2i and peer port P+2i+1")
 	fs.Int64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock; printed)")
 	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none")
-	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process (repeatable)")
+	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process, after the member flags (repeatable)")
+	fs.Var(&cfg.preArgs, "server-pre-arg", "argument before the member flags, e.g. serve for `keel serve` (repeatable)")
 	fs.DurationVar(&cfg.opTimeout, "op-timeout", 2*time.Second, "timeout of one client operation")
 	fs.DurationVar(&cfg.downTime, "down-time", 1500*time.Millisecond, "how long killed nodes stay down")
 	fs.DurationVar(&cfg.recover, "recover-timeout", 60*time.Second, "how long a cluster may take to have every node up and one leader")
@@ -176,7 +178,7 @@ func runFault(args []string) int {
 	}
 	_ = os.Remove(filepath.Join(cfg.workdir, "violation.html"))
 
-	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.serverArgs, cfg.restartState)
+	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.preArgs, cfg.serverArgs, cfg.restartState)
 	// Servers never outlive keelcheck: on return, on panic (here or in a goroutine, via
 	// guard), and on SIGINT/SIGTERM.
 	defer c.killAll()
@@ -371,10 +373,16 @@ func faultMain(cfg faultConfig, c *cluster) int {
 	writeHistory(filepath.Join(cfg.workdir, "history.json"), history)
 
 	lost := lostWrites(history, finals)
-	for _, l := range lost {
+	for i, l := range lost {
+		if i == 10 {
+			fmt.Fprintf(os.Stderr, "keelcheck: lost: ... and %d more\n", len(lost)-10)
+			break
+		}
 		fmt.Fprintln(os.Stderr, "keelcheck: lost:", l)
 	}
+	tc := time.Now()
 	violations, undecided := checkHistory(history, cfg)
+	fmt.Printf("keelcheck: checked %d operations (%d after pruning) in %.1fs\n", len(history), len(pruneHistory(history)), time.Since(tc).Seconds())
 	fmt.Printf("keelcheck: rounds=%d ops=%d ok=%d unknown=%d violations=%d lost=%d seed=%d recovered=%v check=%s\n",
 		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), cfg.seed,
 		yesNo(recovered), map[bool]string{true: "incomplete", false: "complete"}[undecided > 0])
