@@ -10,6 +10,7 @@
 
 mod commands;
 mod encoding;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,6 +97,12 @@ enum Command {
     },
     /// Print the key-value pairs of TABLE in key order, one `KEY<TAB>VALUE` per line.
     Scan(ScanCommand),
+    /// Run a cluster member serving etcd's v3 gRPC API (etcd's member flags, same names).
+    ///
+    /// With no flags: a one-member cluster in ./default.keel, clients on 127.0.0.1:2379.
+    Serve(serve::ServeCommand),
+    /// Inspect and change cluster membership through a member's client URL.
+    Cluster(serve::ClusterCommand),
     /// The benchmark's helper process (recovery and scale suites); not for direct use.
     #[command(name = "__bench-child", hide = true)]
     BenchChild {
@@ -226,6 +233,8 @@ fn run(command: Command) -> Result<u8, Failure> {
             keel_bench::child_main(&spec).map_err(Failure::runtime)?;
             Ok(0)
         }
+        Command::Serve(cmd) => serve::serve(cmd),
+        Command::Cluster(cmd) => serve::cluster(cmd),
         Command::Verify { path } => commands::verify(&path),
         Command::Stats { path } => commands::stats(&path).map(|()| 0),
         Command::Get { path, table, key, encoding } => {

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use crate::scan::{Scan, ScanRange};
+use crate::types::LogPosition;
 
 /// The result of a successful commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -475,6 +476,25 @@ impl WriteTxn {
         };
         let acct = std::mem::replace(&mut self.acct, Accounted::handed_on());
         CommitFuture { db, state, acct }
+    }
+
+    /// Commits this transaction as the replicated-log command at `position` (a Raft state
+    /// machine applying an entry whose effect depends on reads: compare-and-swap, range
+    /// deletes). Like [`crate::Database::apply_batch_with`], it is sequenced after every position
+    /// before it (a position at or before the last applied one fails with
+    /// [`Error::InvalidArgument`] and writes nothing), its writes and the position commit
+    /// atomically, and [`crate::Database::applied`] then reports `position`; a transaction
+    /// without writes still records the position. Its reads are not validated: determinism
+    /// assumes the log is the store's only writer, so nothing can have changed what it read.
+    pub fn commit_as_command(mut self, position: LogPosition, durability: Durability) -> Result<CommitInfo> {
+        durability.validate()?;
+        let (mut request, _) = self.prepare()?;
+        request.durability = durability;
+        request.reads.clear();
+        request.apply = Some(crate::commit::ApplyPart { position, conditions: Vec::new() });
+        let result = self.snap.db.committer.submit(request);
+        let (cpu_time, wall_time) = self.acct.finish(&self.snap.db, ending_of(&result));
+        result.map(|ts| CommitInfo { ts, cpu_time, wall_time })
     }
 
     /// Checks the budget, then takes the write set out as a request; `true` if it has writes.

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+pub(crate) use self::apply::ApplyPart;
 pub use self::apply::{ApplyOutcome, Command, Condition};
 pub(crate) use self::future::AsyncCommit;
 pub(crate) use self::pipeline::Pipeline;

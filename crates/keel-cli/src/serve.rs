@@ -1,0 +1,234 @@
+//! `keel serve` (a cluster member, with etcd's member flags) and `keel cluster ...` (member
+//! administration through the etcd v3 API).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use keel_cluster::config::parse_initial_cluster;
+use keel_cluster::ServeConfig;
+
+use crate::Failure;
+
+/// etcd's member flags, same names and meanings.
+#[derive(Debug, Args)]
+pub struct ServeCommand {
+    /// Human-readable name for this member.
+    #[arg(long, default_value = "default")]
+    name: String,
+    /// Path to the data directory (default: `<name>.keel`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// URLs to listen on for client traffic (comma-separated).
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    listen_client_urls: Vec<String>,
+    /// This member's client URLs to advertise to the rest of the cluster.
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    advertise_client_urls: Vec<String>,
+    /// URLs to listen on for peer traffic.
+    #[arg(long, default_value = "http://127.0.0.1:2380", value_delimiter = ',')]
+    listen_peer_urls: Vec<String>,
+    /// This member's peer URLs to advertise to the rest of the cluster.
+    #[arg(long, default_value = "http://127.0.0.1:2380", value_delimiter = ',')]
+    initial_advertise_peer_urls: Vec<String>,
+    /// Initial cluster configuration for bootstrapping: `name=peer-url,...`
+    /// (default: this member alone, `<name>=<initial-advertise-peer-urls>`).
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// Initial cluster token; clusters with different tokens never talk to each other.
+    #[arg(long, default_value = "etcd-cluster")]
+    initial_cluster_token: String,
+    /// `new` to bootstrap a cluster, `existing` to join one (after `keel cluster add`).
+    #[arg(long, default_value = "new", value_parser = ["new", "existing"])]
+    initial_cluster_state: String,
+    /// Time (in milliseconds) of a heartbeat interval.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Time (in milliseconds) for an election to timeout.
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+    /// Number of applied entries between snapshots (log compaction).
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_count: u64,
+    /// Maximum client request size in bytes the server will accept.
+    #[arg(long, default_value_t = 1536 * 1024)]
+    max_request_bytes: usize,
+}
+
+impl ServeCommand {
+    fn config(self) -> Result<ServeConfig, Failure> {
+        let initial_cluster = match &self.initial_cluster {
+            Some(text) => parse_initial_cluster(text).map_err(Failure::usage)?,
+            None => [(self.name.clone(), self.initial_advertise_peer_urls.clone())].into_iter().collect(),
+        };
+        let config = ServeConfig {
+            data_dir: self.data_dir.unwrap_or_else(|| PathBuf::from(format!("{}.keel", self.name))),
+            listen_client_urls: self.listen_client_urls,
+            advertise_client_urls: self.advertise_client_urls,
+            listen_peer_urls: self.listen_peer_urls,
+            initial_advertise_peer_urls: self.initial_advertise_peer_urls,
+            initial_cluster,
+            initial_cluster_token: self.initial_cluster_token,
+            join_existing: self.initial_cluster_state == "existing",
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval),
+            election_timeout: Duration::from_millis(self.election_timeout),
+            snapshot_count: self.snapshot_count.max(1),
+            max_request_bytes: self.max_request_bytes,
+            name: self.name,
+        };
+        config.validate().map_err(Failure::usage)?;
+        Ok(config)
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Failure::runtime)
+}
+
+/// Runs a member until SIGINT or SIGTERM.
+pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
+    let config = cmd.config()?;
+    runtime()?.block_on(async move {
+        let server = keel_cluster::Server::start(config).await.map_err(|e| match e {
+            keel_cluster::StartError::Config(e) => Failure::usage(e),
+            other => Failure::runtime(other),
+        })?;
+        eprintln!(
+            "keel: member {:x} ({}) of cluster {:x} serving clients on {:?}",
+            server.node.id, server.node.config.name, server.node.cluster_id, server.client_addrs
+        );
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(Failure::runtime)?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("keel: stopping");
+        server.stop().await;
+        Ok(0)
+    })
+}
+
+/// Member administration.
+#[derive(Debug, Args)]
+pub struct ClusterCommand {
+    /// Client URLs of one or more members (comma-separated).
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',', global = true)]
+    endpoints: Vec<String>,
+    #[command(subcommand)]
+    action: ClusterAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterAction {
+    /// List the members with their role, leader, Raft term and indexes, and revision.
+    Status,
+    /// Add a member by its peer URLs; then start it with `--initial-cluster-state existing`.
+    Add {
+        /// The new member's peer URLs (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        peer_urls: Vec<String>,
+        /// Add as a non-voting learner.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a member by its hex id (as `status` prints it).
+    Remove {
+        /// Member id, hex.
+        id: String,
+    },
+    /// Make the member with this hex id the leader.
+    TransferLeader {
+        /// Member id, hex.
+        id: String,
+    },
+}
+
+fn parse_id(text: &str) -> Result<u64, Failure> {
+    u64::from_str_radix(text.trim_start_matches("0x"), 16)
+        .map_err(|_| Failure::usage(anyhow::anyhow!("{text:?} is not a hex member id")))
+}
+
+async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, Failure> {
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(10));
+    etcd_client::Client::connect(endpoints, Some(opts)).await.map_err(Failure::runtime)
+}
+
+/// Runs one `keel cluster` action.
+pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
+    runtime()?.block_on(async move {
+        let mut client = connect(&cmd.endpoints).await?;
+        match cmd.action {
+            ClusterAction::Status => {
+                let members = client.member_list().await.map_err(Failure::runtime)?;
+                println!(
+                    "{:<16}  {:<12}  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}  client URLs",
+                    "id", "name", "role", "term", "raft index", "applied", "revision"
+                );
+                for m in members.members() {
+                    let mut row = format!("{:<16x}  {:<12}", m.id(), m.name());
+                    let status = match m.client_urls().first() {
+                        Some(url) => match connect(std::slice::from_ref(url)).await {
+                            Ok(mut c) => c.status().await.ok(),
+                            Err(_) => None,
+                        },
+                        None => None,
+                    };
+                    match status {
+                        Some(s) => {
+                            let role = if s.leader() == m.id() {
+                                "leader"
+                            } else if m.is_learner() {
+                                "learner"
+                            } else {
+                                "follower"
+                            };
+                            row += &format!(
+                                "  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}",
+                                role,
+                                s.raft_term(),
+                                s.raft_index(),
+                                s.raft_applied_index(),
+                                s.header().map_or(0, |h| h.revision())
+                            );
+                        }
+                        None => row += &format!("  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}", "down", "-", "-", "-", "-"),
+                    }
+                    println!("{row}  {}", m.client_urls().join(","));
+                }
+                Ok(0)
+            }
+            ClusterAction::Add { peer_urls, learner } => {
+                let opts = if learner { Some(etcd_client::MemberAddOptions::new().with_is_learner()) } else { None };
+                let resp = client.member_add(peer_urls, opts).await.map_err(Failure::runtime)?;
+                if let Some(m) = resp.member() {
+                    println!("added member {:x}; start it with --initial-cluster-state existing", m.id());
+                }
+                Ok(0)
+            }
+            ClusterAction::Remove { id } => {
+                client.member_remove(parse_id(&id)?).await.map_err(Failure::runtime)?;
+                println!("removed member {id}");
+                Ok(0)
+            }
+            ClusterAction::TransferLeader { id } => {
+                let target = parse_id(&id)?;
+                // MoveLeader must reach the current leader.
+                let members = client.member_list().await.map_err(Failure::runtime)?;
+                let status = client.status().await.map_err(Failure::runtime)?;
+                let leader = members
+                    .members()
+                    .iter()
+                    .find(|m| m.id() == status.leader())
+                    .and_then(|m| m.client_urls().first().cloned());
+                let Some(url) = leader else { return Err(Failure::runtime(anyhow::anyhow!("no leader known"))) };
+                let mut lc = connect(&[url]).await?;
+                lc.move_leader(target).await.map_err(Failure::runtime)?;
+                println!("leadership moving to {id}");
+                Ok(0)
+            }
+        }
+    })
+}

@@ -1,0 +1,458 @@
+//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Watch and Lease answer Unimplemented) on a
+//! [`Node`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use etcd_client::proto::*;
+use openraft::async_runtime::WatchReceiver;
+use prost::Message;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+use crate::mvcc;
+use crate::network::AdminRequest;
+use crate::node::{Node, NodeError};
+use crate::types::{ApplyError, Member, Request, RequestKind, Response};
+
+/// etcd's version string, reported by `Status` (clients check it).
+pub const ETCD_VERSION: &str = "3.6.0";
+
+type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The services, sharing one node.
+#[derive(Clone)]
+pub struct Api {
+    pub node: Arc<Node>,
+}
+
+fn node_status(e: NodeError) -> Status {
+    match e {
+        NodeError::NoLeader | NodeError::Timeout | NodeError::Stopped => Status::unavailable(e.to_string()),
+        NodeError::Other(m) => Status::unavailable(m),
+    }
+}
+
+fn apply_status(e: ApplyError) -> Status {
+    match e {
+        ApplyError::Compacted | ApplyError::FutureRevision => Status::out_of_range(e.to_string()),
+        ApplyError::LeaseNotFound => Status::not_found(e.to_string()),
+        ApplyError::KeyNotFound | ApplyError::Invalid(_) => Status::invalid_argument(e.to_string()),
+    }
+}
+
+impl Api {
+    fn header(&self, revision: i64) -> PbResponseHeader {
+        PbResponseHeader {
+            cluster_id: self.node.cluster_id,
+            member_id: self.node.id,
+            revision,
+            raft_term: self.node.term(),
+        }
+    }
+
+    fn fill(&self, h: &mut Option<PbResponseHeader>) {
+        let rev = h.as_ref().map_or(0, |h| h.revision);
+        *h = Some(self.header(rev));
+    }
+
+    fn check_size(&self, len: usize) -> Result<(), Status> {
+        if len > self.node.config.max_request_bytes {
+            return Err(Status::invalid_argument("etcdserver: request is too large"));
+        }
+        Ok(())
+    }
+
+    async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>) -> Result<T, Status> {
+        self.check_size(body.len())?;
+        match self.node.write(Request { kind, body }).await.map_err(node_status)? {
+            Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
+            Response::Err(e) => Err(apply_status(e)),
+        }
+    }
+
+    fn fill_txn(&self, resp: &mut PbTxnResponse) {
+        self.fill(&mut resp.header);
+        for op in &mut resp.responses {
+            match op.response.as_mut() {
+                Some(PbTxnOpResponse::ResponseRange(r)) => self.fill(&mut r.header),
+                Some(PbTxnOpResponse::ResponsePut(r)) => self.fill(&mut r.header),
+                Some(PbTxnOpResponse::ResponseDeleteRange(r)) => self.fill(&mut r.header),
+                Some(PbTxnOpResponse::ResponseTxn(t)) => self.fill_txn(t),
+                None => {}
+            }
+        }
+    }
+
+    async fn range_inner(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, Status> {
+        if req.key.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: key is not provided"));
+        }
+        if !(0..=2).contains(&req.sort_order) || !(0..=4).contains(&req.sort_target) {
+            return Err(Status::invalid_argument("etcdserver: invalid sort option"));
+        }
+        if !req.serializable {
+            self.node.read_barrier().await.map_err(node_status)?;
+        }
+        let sm = Arc::clone(&self.node.sm);
+        let req = req.clone();
+        let mut resp = tokio::task::spawn_blocking(move || {
+            let (mut txn, current) = sm.read_at(req.revision)?;
+            mvcc::range(&mut txn, &req, current)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(apply_status)?;
+        self.fill(&mut resp.header);
+        Ok(resp)
+    }
+
+    fn members(&self) -> Vec<PbMember> {
+        let published = self.node.sm.published_members();
+        self.node
+            .members()
+            .into_iter()
+            .map(|(id, m, voter)| {
+                let attrs = published.get(&id).cloned().unwrap_or(Member { client_urls: Vec::new(), ..m.clone() });
+                PbMember {
+                    id,
+                    // etcd lists a member that has not started yet with an empty name.
+                    name: attrs.name.clone(),
+                    peer_ur_ls: m.peer_urls.clone(),
+                    client_ur_ls: attrs.client_urls.clone(),
+                    is_learner: !voter,
+                }
+            })
+            .collect()
+    }
+}
+
+#[tonic::async_trait]
+impl PbKvService for Api {
+    async fn range(&self, request: GrpcRequest<PbRangeRequest>) -> Result<GrpcResponse<PbRangeResponse>, Status> {
+        Ok(GrpcResponse::new(self.range_inner(request.get_ref()).await?))
+    }
+
+    type RangeStreamStream = Stream<PbRangeStreamResponse>;
+
+    async fn range_stream(
+        &self,
+        _request: GrpcRequest<PbRangeRequest>,
+    ) -> Result<GrpcResponse<Self::RangeStreamStream>, Status> {
+        Err(Status::unimplemented("keel: RangeStream is not implemented; use Range"))
+    }
+
+    async fn put(&self, request: GrpcRequest<PbPutRequest>) -> Result<GrpcResponse<PbPutResponse>, Status> {
+        let req = request.into_inner();
+        if req.key.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: key is not provided"));
+        }
+        let mut resp: PbPutResponse = self.propose(RequestKind::Put, req.encode_to_vec()).await?;
+        self.fill(&mut resp.header);
+        Ok(GrpcResponse::new(resp))
+    }
+
+    async fn delete_range(
+        &self,
+        request: GrpcRequest<PbDeleteRequest>,
+    ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
+        let req = request.into_inner();
+        if req.key.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: key is not provided"));
+        }
+        let mut resp: PbDeleteResponse = self.propose(RequestKind::DeleteRange, req.encode_to_vec()).await?;
+        self.fill(&mut resp.header);
+        Ok(GrpcResponse::new(resp))
+    }
+
+    async fn txn(&self, request: GrpcRequest<PbTxnRequest>) -> Result<GrpcResponse<PbTxnResponse>, Status> {
+        let req = request.into_inner();
+        mvcc::check_txn(&req).map_err(apply_status)?;
+        let writes = has_writes(&req.success) || has_writes(&req.failure);
+        let mut resp: PbTxnResponse = if writes {
+            self.propose(RequestKind::Txn, req.encode_to_vec()).await?
+        } else {
+            // A read-only txn is served like a linearizable range: no log entry.
+            self.node.read_barrier().await.map_err(node_status)?;
+            let sm = Arc::clone(&self.node.sm);
+            tokio::task::spawn_blocking(move || -> Result<PbTxnResponse, ApplyError> {
+                let db = &sm.db;
+                let current = sm.progress.lock().revision;
+                let mut txn = db.begin_write().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+                let mut w = mvcc::Writer { txn: &mut txn, revision: current, wrote: false };
+                let r = w.txn(&req);
+                txn.rollback();
+                r
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(apply_status)?
+        };
+        self.fill_txn(&mut resp);
+        Ok(GrpcResponse::new(resp))
+    }
+
+    async fn compact(
+        &self,
+        request: GrpcRequest<PbCompactionRequest>,
+    ) -> Result<GrpcResponse<PbCompactionResponse>, Status> {
+        let req = request.into_inner();
+        let mut resp: PbCompactionResponse = self.propose(RequestKind::Compact, req.encode_to_vec()).await?;
+        self.fill(&mut resp.header);
+        Ok(GrpcResponse::new(resp))
+    }
+}
+
+fn has_writes(ops: &[PbTxnRequestOp]) -> bool {
+    ops.iter().any(|op| match &op.request {
+        Some(PbTxnOpRequest::RequestPut(_)) | Some(PbTxnOpRequest::RequestDeleteRange(_)) => true,
+        Some(PbTxnOpRequest::RequestTxn(t)) => has_writes(&t.success) || has_writes(&t.failure),
+        _ => false,
+    })
+}
+
+#[tonic::async_trait]
+impl PbClusterService for Api {
+    async fn member_add(
+        &self,
+        request: GrpcRequest<PbMemberAddRequest>,
+    ) -> Result<GrpcResponse<PbMemberAddResponse>, Status> {
+        let req = request.into_inner();
+        if req.peer_ur_ls.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
+        }
+        for u in &req.peer_ur_ls {
+            crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        }
+        // etcd names the member later (when it starts); the id comes from its URLs here.
+        let id = crate::config::member_id("", &req.peer_ur_ls, &self.node.config.initial_cluster_token);
+        let member = Member { name: String::new(), peer_urls: req.peer_ur_ls.clone(), client_urls: Vec::new() };
+        self.node
+            .admin(AdminRequest::AddMember { id, member, learner: req.is_learner })
+            .await
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        let members = self.members();
+        let added = members.iter().find(|m| m.id == id).cloned();
+        Ok(GrpcResponse::new(PbMemberAddResponse { header: Some(self.header(0)), member: added, members }))
+    }
+
+    async fn member_remove(
+        &self,
+        request: GrpcRequest<PbMemberRemoveRequest>,
+    ) -> Result<GrpcResponse<PbMemberRemoveResponse>, Status> {
+        let id = request.into_inner().id;
+        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
+            return Err(Status::not_found("etcdserver: member not found"));
+        }
+        self.node
+            .admin(AdminRequest::RemoveMember { id })
+            .await
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(GrpcResponse::new(PbMemberRemoveResponse { header: Some(self.header(0)), members: self.members() }))
+    }
+
+    async fn member_update(
+        &self,
+        _request: GrpcRequest<PbMemberUpdateRequest>,
+    ) -> Result<GrpcResponse<PbMemberUpdateResponse>, Status> {
+        Err(Status::unimplemented("keel: MemberUpdate is not supported; remove and add the member instead"))
+    }
+
+    async fn member_list(
+        &self,
+        _request: GrpcRequest<PbMemberListRequest>,
+    ) -> Result<GrpcResponse<PbMemberListResponse>, Status> {
+        Ok(GrpcResponse::new(PbMemberListResponse { header: Some(self.header(0)), members: self.members() }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: GrpcRequest<PbMemberPromoteRequest>,
+    ) -> Result<GrpcResponse<PbMemberPromoteResponse>, Status> {
+        let id = request.into_inner().id;
+        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
+            return Err(Status::not_found("etcdserver: member not found"));
+        }
+        self.node
+            .admin(AdminRequest::PromoteMember { id })
+            .await
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(GrpcResponse::new(PbMemberPromoteResponse { header: Some(self.header(0)), members: self.members() }))
+    }
+}
+
+#[tonic::async_trait]
+impl PbMaintenanceService for Api {
+    async fn alarm(&self, _request: GrpcRequest<PbAlarmRequest>) -> Result<GrpcResponse<PbAlarmResponse>, Status> {
+        // No alarms are raised yet (no space quota): the list is always empty.
+        Ok(GrpcResponse::new(PbAlarmResponse { header: Some(self.header(0)), alarms: Vec::new() }))
+    }
+
+    async fn status(&self, _request: GrpcRequest<PbStatusRequest>) -> Result<GrpcResponse<PbStatusResponse>, Status> {
+        let metrics = self.node.raft.metrics().borrow_watched().clone();
+        let stats = self.node.sm.db.stats();
+        let revision = self.node.sm.progress.lock().revision;
+        let is_learner = self.node.members().iter().any(|(i, _, voter)| *i == self.node.id && !voter);
+        let mut errors = Vec::new();
+        if metrics.current_leader.is_none() {
+            errors.push("etcdserver: no leader".to_string());
+        }
+        let db_size = (stats.wal_bytes + stats.checkpoint_bytes) as i64;
+        Ok(GrpcResponse::new(PbStatusResponse {
+            header: Some(self.header(revision)),
+            version: ETCD_VERSION.into(),
+            db_size,
+            leader: metrics.current_leader.unwrap_or(0),
+            raft_index: metrics.last_log_index.unwrap_or(0),
+            raft_term: metrics.current_term,
+            raft_applied_index: self.node.sm.applied_index(),
+            errors,
+            db_size_in_use: db_size,
+            is_learner,
+            ..Default::default()
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: GrpcRequest<PbDefragmentRequest>,
+    ) -> Result<GrpcResponse<PbDefragmentResponse>, Status> {
+        // Nothing to defragment: checkpoints rewrite the store compactly.
+        Ok(GrpcResponse::new(PbDefragmentResponse { header: Some(self.header(0)) }))
+    }
+
+    async fn hash(&self, _request: GrpcRequest<PbHashRequest>) -> Result<GrpcResponse<PbHashResponse>, Status> {
+        let d = self.node.sm.db.digest();
+        Ok(GrpcResponse::new(PbHashResponse { header: Some(self.header(0)), hash: fold_digest(&format!("{d:?}")) }))
+    }
+
+    async fn hash_kv(&self, request: GrpcRequest<PbHashKvRequest>) -> Result<GrpcResponse<PbHashKvResponse>, Status> {
+        let rev = request.into_inner().revision;
+        let sm = Arc::clone(&self.node.sm);
+        let (hash, at, compact) = tokio::task::spawn_blocking(move || -> Result<(u32, i64, i64), ApplyError> {
+            let (mut txn, current) = sm.read_at(rev)?;
+            let at = if rev > 0 { rev } else { current };
+            let compact = sm.progress.lock().compact_revision;
+            let all = mvcc::KeySpan::new(b"\0", b"\0").read(&mut txn)?;
+            let mut h = crc32c_fold();
+            for (k, r) in all.iter().filter(|(_, r)| r.mod_revision <= at) {
+                h.update(k);
+                h.update(&r.encode());
+            }
+            Ok((h.finish(), at, compact))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(apply_status)?;
+        Ok(GrpcResponse::new(PbHashKvResponse {
+            header: Some(self.header(at)),
+            hash,
+            compact_revision: compact,
+            hash_revision: at,
+        }))
+    }
+
+    type SnapshotStream = Stream<PbSnapshotResponse>;
+
+    async fn snapshot(
+        &self,
+        _request: GrpcRequest<PbSnapshotRequest>,
+    ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
+        Err(Status::unimplemented("keel: Snapshot is not implemented yet; use `keel checkpoint` on a member"))
+    }
+
+    async fn move_leader(
+        &self,
+        request: GrpcRequest<PbMoveLeaderRequest>,
+    ) -> Result<GrpcResponse<PbMoveLeaderResponse>, Status> {
+        let target = request.into_inner().target_id;
+        if self.node.leader() != Some(self.node.id) {
+            return Err(Status::failed_precondition("etcdserver: not leader"));
+        }
+        if !self.node.members().iter().any(|(i, _, voter)| *i == target && *voter) {
+            return Err(Status::not_found("etcdserver: bad leader transferee"));
+        }
+        self.node.raft.trigger().transfer_leader(target).await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(GrpcResponse::new(PbMoveLeaderResponse { header: Some(self.header(0)) }))
+    }
+
+    async fn downgrade(
+        &self,
+        _request: GrpcRequest<PbDowngradeRequest>,
+    ) -> Result<GrpcResponse<PbDowngradeResponse>, Status> {
+        Err(Status::unimplemented("keel: Downgrade does not apply"))
+    }
+}
+
+/// FNV-style fold to 32 bits (etcd's hashes are 32-bit).
+fn fold_digest(s: &str) -> u32 {
+    let mut h = crc32c_fold();
+    h.update(s.as_bytes());
+    h.finish()
+}
+
+struct Fold(u64);
+
+fn crc32c_fold() -> Fold {
+    Fold(0xcbf2_9ce4_8422_2325)
+}
+
+impl Fold {
+    fn update(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u32 {
+        (self.0 ^ (self.0 >> 32)) as u32
+    }
+}
+
+/// Watch answers Unimplemented until its issue lands.
+#[tonic::async_trait]
+impl PbWatchService for Api {
+    type WatchStream = Stream<PbWatchResponse>;
+
+    async fn watch(
+        &self,
+        _request: GrpcRequest<tonic::Streaming<PbWatchRequest>>,
+    ) -> Result<GrpcResponse<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("keel: Watch is not implemented yet"))
+    }
+}
+
+/// Leases answer Unimplemented until their issue lands.
+#[tonic::async_trait]
+impl PbLeaseService for Api {
+    async fn lease_grant(
+        &self,
+        _r: GrpcRequest<PbLeaseGrantRequest>,
+    ) -> Result<GrpcResponse<PbLeaseGrantResponse>, Status> {
+        Err(Status::unimplemented("keel: leases are not implemented yet"))
+    }
+    async fn lease_revoke(
+        &self,
+        _r: GrpcRequest<PbLeaseRevokeRequest>,
+    ) -> Result<GrpcResponse<PbLeaseRevokeResponse>, Status> {
+        Err(Status::unimplemented("keel: leases are not implemented yet"))
+    }
+    type LeaseKeepAliveStream = Stream<PbLeaseKeepAliveResponse>;
+    async fn lease_keep_alive(
+        &self,
+        _r: GrpcRequest<tonic::Streaming<PbLeaseKeepAliveRequest>>,
+    ) -> Result<GrpcResponse<Self::LeaseKeepAliveStream>, Status> {
+        Err(Status::unimplemented("keel: leases are not implemented yet"))
+    }
+    async fn lease_time_to_live(
+        &self,
+        _r: GrpcRequest<PbLeaseTimeToLiveRequest>,
+    ) -> Result<GrpcResponse<PbLeaseTimeToLiveResponse>, Status> {
+        Err(Status::unimplemented("keel: leases are not implemented yet"))
+    }
+    async fn lease_leases(
+        &self,
+        _r: GrpcRequest<PbLeaseLeasesRequest>,
+    ) -> Result<GrpcResponse<PbLeaseLeasesResponse>, Status> {
+        Err(Status::unimplemented("keel: leases are not implemented yet"))
+    }
+}

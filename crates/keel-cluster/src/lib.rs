@@ -1,0 +1,103 @@
+//! KeelDB replicated: each member keeps its Raft log and its state machine in KeelDB stores,
+//! replicates through openraft, and serves etcd's v3 gRPC API, so `etcdctl`, etcd's client
+//! libraries and etcd's `benchmark` tool work against it unchanged.
+//!
+//! See `docs/design/replication.md` for the failure cases and `docs/CLUSTER.md` for operation.
+
+pub mod config;
+pub mod etcd_api;
+pub mod log_store;
+pub mod mvcc;
+pub mod network;
+pub mod node;
+pub mod state_machine;
+pub mod types;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer};
+
+pub use config::{ConfigError, ServeConfig};
+pub use node::{Node, NodeError, StartError};
+
+/// A running member with its client listeners.
+pub struct Server {
+    pub node: Arc<Node>,
+    /// The client addresses actually bound (port 0 in a URL picks a free port).
+    pub client_addrs: Vec<SocketAddr>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts a member: stores, Raft, peer listener, client gRPC listeners, and the task that
+    /// publishes this member's name and client URLs once a leader exists.
+    pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
+        let node = Node::start(config).await?;
+        let api = etcd_api::Api { node: Arc::clone(&node) };
+        let max = node.config.max_request_bytes + 64 * 1024;
+        let mut client_addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for url in &node.config.listen_client_urls {
+            let addr = network::url_addr(url);
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
+            client_addrs.push(listener.local_addr().map_err(|e| StartError::Listen { url: url.clone(), source: e })?);
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let router = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
+                .add_service(PbClusterServer::new(api.clone()))
+                .add_service(PbMaintenanceServer::new(api.clone()))
+                .add_service(PbWatchServer::new(api.clone()))
+                .add_service(PbLeaseServer::new(api.clone()));
+            let stop = Arc::clone(&node);
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = router.serve_with_incoming_shutdown(incoming, async move { stop.stopped().await }).await
+                {
+                    eprintln!("keel: client listener stopped: {e}");
+                }
+            }));
+        }
+        tasks.push(tokio::spawn(publish_attributes(Arc::clone(&node))));
+        Ok(Server { node, client_addrs, tasks })
+    }
+
+    /// Stops Raft, then client service (open connections get a GOAWAY and up to 2 s to
+    /// finish), and waits until the member's stores are closed.
+    pub async fn stop(self) {
+        self.node.shutdown().await;
+        for t in self.tasks {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// Records this member's name and client URLs in the replicated state (as etcd's members
+/// publish theirs), retrying until it succeeds or ten minutes pass.
+async fn publish_attributes(node: Arc<Node>) {
+    let body = match bincode::serialize(&(node.id, node.config.me())) {
+        Ok(b) => b,
+        Err(_) => return,
+    };
+    for _ in 0..600 {
+        let published = node.sm.published_members();
+        if published.get(&node.id) == Some(&node.config.me()) {
+            return;
+        }
+        let req = types::Request { kind: types::RequestKind::Publish, body: body.clone() };
+        tokio::select! {
+            r = node.write(req) => if let Ok(types::Response::Ok(_)) = r { return },
+            _ = node.stopped() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = node.stopped() => return,
+        }
+    }
+}

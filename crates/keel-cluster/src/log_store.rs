@@ -1,0 +1,301 @@
+//! The Raft log and vote, kept in a KeelDB store in sync mode.
+//!
+//! Invariant: an append's flush callback fires only after the fdatasync that covers the
+//! entries (openraft #618, #2118). A single writer thread takes every log write in call order
+//! (appends, truncations, purges, votes), folds all that are waiting into one transaction and
+//! commits it with `Durability::Sync`: concurrent appends share one fdatasync, and a later
+//! write is never durable before an earlier one because they are one WAL in order. Entries are
+//! also kept in memory from the moment `append` returns (openraft reads them back before they
+//! are flushed); the memory copy is bounded by log purging behind snapshots.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use keeldb::{Database, Durability, Options, ScanRange};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+use parking_lot::Mutex;
+
+use crate::types::{Entry, LogId, TypeConfig, Vote};
+
+const LOG: &str = "log";
+const RAFT: &str = "raft";
+const VOTE_KEY: &[u8] = b"vote";
+const PURGED_KEY: &[u8] = b"purged";
+const COMMITTED_KEY: &[u8] = b"committed";
+
+/// What the in-memory mirror holds: every entry not purged, the vote, the purge point.
+#[derive(Default)]
+struct Mirror {
+    entries: BTreeMap<u64, Entry>,
+    vote: Option<Vote>,
+    purged: Option<LogId>,
+    committed: Option<LogId>,
+}
+
+/// One durable write for the writer thread.
+enum Op {
+    Put(Vec<u8>, Vec<u8>, &'static str),
+    DeleteRange(u64, u64),
+}
+
+struct Job {
+    ops: Vec<Op>,
+    done: Box<dyn FnOnce(io::Result<()>) + Send>,
+}
+
+/// The log store handed to openraft; cheap to clone.
+#[derive(Clone)]
+pub struct LogStore {
+    mirror: Arc<Mutex<Mirror>>,
+    jobs: mpsc::Sender<Job>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    bincode::serialize(value).map_err(io_err)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result<T> {
+    bincode::deserialize(bytes)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("raft log: bad {what}: {e}")))
+}
+
+impl LogStore {
+    /// Opens (or creates) the log store in `dir` and starts its writer thread, which ends when
+    /// every clone of the store is dropped.
+    pub fn open(dir: &Path) -> io::Result<LogStore> {
+        let db = Database::open(dir, Options::with_durability(Durability::Sync)).map_err(io_err)?;
+        let mut mirror = Mirror::default();
+        {
+            let txn = db.begin_read().map_err(io_err)?;
+            for item in txn.scan(LOG, ScanRange::all()).map_err(io_err)? {
+                let (key, value) = item.map_err(io_err)?;
+                let index = index_of(&key)?;
+                let entry: Entry = decode(&value, "entry")?;
+                if entry.log_id.index != index {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "raft log: entry stored under another index",
+                    ));
+                }
+                mirror.entries.insert(index, entry);
+            }
+            if let Some(v) = txn.get(RAFT, VOTE_KEY).map_err(io_err)? {
+                mirror.vote = Some(decode(&v, "vote")?);
+            }
+            if let Some(v) = txn.get(RAFT, PURGED_KEY).map_err(io_err)? {
+                mirror.purged = Some(decode(&v, "purge point")?);
+            }
+            if let Some(v) = txn.get(RAFT, COMMITTED_KEY).map_err(io_err)? {
+                mirror.committed = Some(decode(&v, "committed id")?);
+            }
+        }
+        check_contiguous(&mirror)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new().name("keel-raft-log".into()).spawn(move || writer(db, rx))?;
+        Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), jobs: tx })
+    }
+
+    fn submit(&self, ops: Vec<Op>, done: Box<dyn FnOnce(io::Result<()>) + Send>) -> io::Result<()> {
+        self.jobs.send(Job { ops, done }).map_err(|_| io::Error::other("raft log writer stopped"))
+    }
+
+    /// Submits `ops` and waits until they are durable.
+    async fn write_durably(&self, ops: Vec<Op>) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(
+            ops,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.await.map_err(|_| io::Error::other("raft log writer stopped"))?
+    }
+
+    /// The last index present (or purged), for status reports.
+    pub fn last_index(&self) -> Option<u64> {
+        let m = self.mirror.lock();
+        m.entries.keys().next_back().copied().or(m.purged.map(|p| p.index))
+    }
+}
+
+fn index_of(key: &[u8]) -> io::Result<u64> {
+    let bytes: [u8; 8] =
+        key.try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "raft log: key is not an index"))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Refuses a log with a hole: Raft only looks at the last id, so a hole would be believed.
+fn check_contiguous(m: &Mirror) -> io::Result<()> {
+    let mut prev = m.purged.map(|p| p.index);
+    for &i in m.entries.keys() {
+        if prev.is_some_and(|p| i != p + 1) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("raft log: hole before index {i}")));
+        }
+        prev = Some(i);
+    }
+    Ok(())
+}
+
+/// The writer thread: all waiting jobs become one sync commit, then their callbacks run.
+fn writer(db: Database, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
+            if jobs.len() >= 4096 {
+                break;
+            }
+        }
+        let result = commit_jobs(&db, &jobs);
+        for job in jobs {
+            (job.done)(result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
+        }
+        if result.is_err() {
+            // The store is poisoned or full; every later write fails the same way, and openraft
+            // stops this node on the first storage error it is told of.
+            break;
+        }
+    }
+    let _ = db.close();
+}
+
+fn commit_jobs(db: &Database, jobs: &[Job]) -> io::Result<()> {
+    let mut txn = db.begin_write().map_err(io_err)?;
+    for op in jobs.iter().flat_map(|j| j.ops.iter()) {
+        match op {
+            Op::Put(key, value, table) => txn.put(table, key, value).map_err(io_err)?,
+            Op::DeleteRange(lo, hi) => {
+                for i in *lo..=*hi {
+                    txn.delete(LOG, &i.to_be_bytes()).map_err(io_err)?;
+                }
+            }
+        }
+    }
+    txn.commit().map(|_| ()).map_err(io_err)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let m = self.mirror.lock();
+        let start = match range.start_bound() {
+            Bound::Included(&s) => Bound::Included(s),
+            Bound::Excluded(&s) => Bound::Excluded(s),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&s) => Bound::Included(s),
+            Bound::Excluded(&s) => Bound::Excluded(s),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) = (start, end) {
+            if s > e {
+                return Ok(Vec::new());
+            }
+        }
+        Ok(m.entries.range((start, end)).map(|(_, e)| e.clone()).collect())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(self.mirror.lock().vote)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let m = self.mirror.lock();
+        let last = m.entries.values().next_back().map(|e| e.log_id).or(m.purged);
+        Ok(LogState { last_purged_log_id: m.purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let bytes = encode(vote)?;
+        // Durable before returning: a vote forgotten in a crash could let this member vote twice
+        // in one term.
+        self.write_durably(vec![Op::Put(VOTE_KEY.to_vec(), bytes, RAFT)]).await?;
+        self.mirror.lock().vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        // Written with the next log write (not awaited): a stale committed id after a crash is
+        // only a lower bound, which is all openraft takes it for.
+        if let Some(c) = committed {
+            let bytes = encode(&c)?;
+            self.submit(vec![Op::Put(COMMITTED_KEY.to_vec(), bytes, RAFT)], Box::new(|_| {}))?;
+            self.mirror.lock().committed = Some(c);
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.mirror.lock().committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut ops = Vec::new();
+        {
+            let mut m = self.mirror.lock();
+            for entry in entries {
+                let index = entry.log_id.index;
+                ops.push(Op::Put(index.to_be_bytes().to_vec(), encode(&entry)?, LOG));
+                m.entries.insert(index, entry);
+            }
+        }
+        self.submit(ops, Box::new(move |r| callback.io_completed(r)))
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let first = last_log_id.map_or(0, |l| l.index + 1);
+        let last = {
+            let mut m = self.mirror.lock();
+            let last = m.entries.keys().next_back().copied();
+            m.entries.split_off(&first);
+            last
+        };
+        match last {
+            Some(last) if last >= first => self.write_durably(vec![Op::DeleteRange(first, last)]).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let first = {
+            let mut m = self.mirror.lock();
+            let first = m.entries.keys().next().copied();
+            let keep = m.entries.split_off(&(log_id.index + 1));
+            m.entries = keep;
+            m.purged = Some(log_id);
+            first
+        };
+        let mut ops = vec![Op::Put(PURGED_KEY.to_vec(), encode(&log_id)?, RAFT)];
+        if let Some(first) = first.filter(|f| *f <= log_id.index) {
+            ops.push(Op::DeleteRange(first, log_id.index));
+        }
+        // The purge point is written in the same commit as the deletions, so a crash leaves
+        // either both or neither: never a log that starts after its recorded purge point + 1.
+        self.write_durably(ops).await
+    }
+}

@@ -1,0 +1,315 @@
+//! Peer traffic: Raft RPCs, forwarded writes and read-index requests over TCP.
+//!
+//! A connection begins with a hello naming the cluster id and both member ids; the listener
+//! closes any connection whose hello names another cluster or another member (a node never
+//! accepts a peer message from another cluster). Frames are `u32` length + bincode; a frame
+//! longer than [`MAX_FRAME`] or one that does not decode ends the connection and nothing
+//! else: garbage on the peer port cannot crash a node. Each outgoing Raft stream (openraft
+//! keeps one per target) owns one connection and reuses it; requests on it are answered in
+//! order, so appends to one follower are pipelined over one socket.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::RaftNetworkV2;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+
+use crate::types::{Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
+
+/// Largest frame accepted (a snapshot travels in one frame).
+pub const MAX_FRAME: usize = 1 << 30;
+const MAGIC: u64 = 0x4b45_454c_5045_4552; // "KEELPEER"
+
+/// The first frame of every peer connection.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: u64,
+    pub cluster_id: u64,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// A peer request.
+#[derive(Serialize, Deserialize, Debug)]
+pub enum PeerRequest {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<TypeConfig>),
+    PreVote(VoteRequest<TypeConfig>),
+    Snapshot {
+        vote: Vote,
+        meta: SnapshotMeta,
+        data: Vec<u8>,
+    },
+    TransferLeader(TransferLeaderRequest<TypeConfig>),
+    /// A client write received by a follower, proposed by the leader on its behalf.
+    Forward(Request),
+    /// A follower's linearizable read: the leader confirms leadership and returns the log
+    /// index the reader must have applied.
+    ReadIndex,
+    /// Membership changes and leadership transfer asked of a follower.
+    Admin(AdminRequest),
+}
+
+/// Cluster administration that only the leader can carry out.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub enum AdminRequest {
+    AddMember { id: u64, member: Member, learner: bool },
+    RemoveMember { id: u64 },
+    PromoteMember { id: u64 },
+}
+
+/// A peer response; errors travel as text (the caller retries or reports them).
+#[derive(Serialize, Deserialize, Debug)]
+pub enum PeerResponse {
+    Append(AppendEntriesResponse<TypeConfig>),
+    Vote(VoteResponse<TypeConfig>),
+    Snapshot(SnapshotResponse<TypeConfig>),
+    TransferLeader(TransferLeaderResponse<TypeConfig>),
+    Forward(Response),
+    ReadIndex(u64),
+    Admin(Vec<(u64, Member, bool)>),
+    /// Not the leader (forward/read index/admin): the leader known, if any.
+    NotLeader(Option<u64>),
+    Error(String),
+}
+
+/// Reads one frame.
+pub async fn read_frame<T: serde::de::DeserializeOwned>(r: &mut (impl AsyncReadExt + Unpin)) -> io::Result<T> {
+    let len = r.read_u32_le().await? as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer frame of {len} bytes is over the limit")));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    bincode::deserialize(&buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable peer frame: {e}")))
+}
+
+/// Writes one frame and flushes.
+pub async fn write_frame<T: Serialize>(w: &mut (impl AsyncWriteExt + Unpin), value: &T) -> io::Result<()> {
+    let bytes = bincode::serialize(value).map_err(|e| io::Error::other(e.to_string()))?;
+    if bytes.len() > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "peer frame over the limit"));
+    }
+    w.write_u32_le(bytes.len() as u32).await?;
+    w.write_all(&bytes).await?;
+    w.flush().await
+}
+
+/// The host:port a peer URL names (`http://127.0.0.1:2380` → `127.0.0.1:2380`).
+pub fn url_addr(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.trim_end_matches('/').to_string()
+}
+
+/// One connection to a peer, made lazily and remade after any error.
+pub struct PeerClient {
+    cluster_id: u64,
+    from: u64,
+    to: u64,
+    addr: String,
+    conn: Option<(BufReader<tokio::net::tcp::OwnedReadHalf>, BufWriter<tokio::net::tcp::OwnedWriteHalf>)>,
+}
+
+impl PeerClient {
+    pub fn new(cluster_id: u64, from: u64, to: u64, member: &Member) -> PeerClient {
+        let addr = member.peer_urls.first().map(|u| url_addr(u)).unwrap_or_default();
+        PeerClient { cluster_id, from, to, addr, conn: None }
+    }
+
+    /// Sends `req` and waits up to `timeout` for its answer.
+    pub async fn call(&mut self, req: &PeerRequest, timeout: Duration) -> Result<PeerResponse, CallError> {
+        match tokio::time::timeout(timeout, self.call_inner(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(CallError::Timeout)
+            }
+        }
+    }
+
+    async fn call_inner(&mut self, req: &PeerRequest) -> Result<PeerResponse, CallError> {
+        if self.conn.is_none() {
+            let stream = TcpStream::connect(&self.addr).await.map_err(CallError::Unreachable)?;
+            stream.set_nodelay(true).map_err(CallError::Unreachable)?;
+            let (r, w) = stream.into_split();
+            let mut w = BufWriter::new(w);
+            let hello = Hello { magic: MAGIC, cluster_id: self.cluster_id, from: self.from, to: self.to };
+            write_frame(&mut w, &hello).await.map_err(CallError::Unreachable)?;
+            self.conn = Some((BufReader::new(r), w));
+        }
+        let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };
+        write_frame(w, req).await.map_err(CallError::Network)?;
+        read_frame(r).await.map_err(CallError::Network)
+    }
+}
+
+/// Why a peer call failed.
+#[derive(Debug)]
+pub enum CallError {
+    Unreachable(io::Error),
+    Network(io::Error),
+    Timeout,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Unreachable(e) => write!(f, "peer unreachable: {e}"),
+            CallError::Network(e) => write!(f, "peer connection failed: {e}"),
+            CallError::Timeout => write!(f, "peer did not answer in time"),
+        }
+    }
+}
+
+impl CallError {
+    fn rpc(self) -> RPCError<TypeConfig> {
+        match self {
+            CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::new(&e)),
+            other => RPCError::Network(NetworkError::from_string(other)),
+        }
+    }
+}
+
+fn unexpected(r: PeerResponse) -> RPCError<TypeConfig> {
+    match r {
+        PeerResponse::Error(e) => RPCError::Network(NetworkError::from_string(e)),
+        other => RPCError::Network(NetworkError::from_string(format!("unexpected peer response {other:?}"))),
+    }
+}
+
+/// openraft's factory: one [`PeerClient`] per replication target.
+pub struct Network {
+    pub cluster_id: u64,
+    pub me: u64,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &Member) -> PeerClient {
+        PeerClient::new(self.cluster_id, self.me, target, node)
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = std::io::Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.call(&PeerRequest::Append(rpc), option.hard_ttl()).await.map_err(CallError::rpc)? {
+            PeerResponse::Append(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.call(&PeerRequest::Vote(rpc), option.hard_ttl()).await.map_err(CallError::rpc)? {
+            PeerResponse::Vote(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.call(&PeerRequest::PreVote(rpc), option.hard_ttl()).await.map_err(CallError::rpc)? {
+            PeerResponse::Vote(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let req = PeerRequest::Snapshot { vote, meta: snapshot.meta, data: snapshot.snapshot.into_inner() };
+        let call = self.call(&req, Duration::from_secs(600));
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            r = call => match r {
+                Ok(PeerResponse::Snapshot(r)) => Ok(r),
+                Ok(other) => Err(StreamingError::Network(NetworkError::from_string(format!("unexpected peer response {other:?}")))),
+                Err(CallError::Unreachable(e)) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
+                Err(e) => Err(StreamingError::Network(NetworkError::from_string(e))),
+            }
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.call(&PeerRequest::TransferLeader(req), option.hard_ttl()).await.map_err(CallError::rpc)? {
+            PeerResponse::TransferLeader(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// Serves one accepted peer connection until it closes or misbehaves.
+pub async fn serve_peer<H>(stream: TcpStream, cluster_id: u64, me: u64, handler: Arc<H>) -> io::Result<()>
+where
+    H: PeerHandler,
+{
+    stream.set_nodelay(true)?;
+    let (r, w) = stream.into_split();
+    let (mut r, mut w) = (BufReader::new(r), BufWriter::new(w));
+    let hello: Hello = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut r))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    if hello.magic != MAGIC || hello.cluster_id != cluster_id || hello.to != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refused peer {:x}: cluster id {:x} (ours {cluster_id:x}), addressed to {:x} (we are {me:x})",
+                hello.from, hello.cluster_id, hello.to
+            ),
+        ));
+    }
+    loop {
+        let req: PeerRequest = match read_frame(&mut r).await {
+            Ok(req) => req,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let resp = handler.handle(hello.from, req).await;
+        write_frame(&mut w, &resp).await?;
+    }
+}
+
+/// What serves peer requests (the node).
+pub trait PeerHandler: Send + Sync + 'static {
+    fn handle(&self, from: u64, req: PeerRequest) -> impl Future<Output = PeerResponse> + Send;
+}
+
+/// Members as Raft's membership lists them: (id, member, is voter).
+pub type MemberList = BTreeMap<u64, (Member, bool)>;

@@ -1,0 +1,452 @@
+//! A running member: Raft, its stores, the peer listener, and the write and read paths the
+//! client API uses.
+//!
+//! Writes are proposed by the leader; a follower forwards a client's write to the leader over
+//! the peer link and relays the answer (as etcd does), so clients may talk to any member.
+//! Linearizable reads take a read index from the leader (ReadIndex: the leader confirms it is
+//! still leader with a quorum round after the read arrives) and wait until the local state
+//! machine has applied it; serializable reads read the local state machine at once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+
+use crate::config::{ConfigError, ServeConfig};
+use crate::log_store::LogStore;
+use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
+use crate::state_machine::{Shared, StateMachine};
+use crate::types::{Member, Raft, Request, Response};
+
+/// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// No leader is known (election in progress, or no quorum).
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// The request was proposed but its fate is unknown (leader changed, timeout).
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    /// The node is stopping.
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// Anything else, with etcd-like text.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The member's identity file: which cluster and member a data directory belongs to.
+const IDENTITY: &str = "identity";
+
+/// A running member.
+pub struct Node {
+    pub id: u64,
+    pub cluster_id: u64,
+    pub config: ServeConfig,
+    pub raft: Raft,
+    pub sm: Arc<Shared>,
+    pub log: LogStore,
+    /// Idle connections to each member for forwarded requests (one request per connection
+    /// at a time; concurrent requests open more).
+    peers: Mutex<BTreeMap<u64, Vec<PeerClient>>>,
+    request_timeout: Duration,
+    /// Set once when the member stops; listeners and connections end on it.
+    pub stopping: tokio::sync::watch::Sender<bool>,
+}
+
+fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
+    ConfigError::Io { dir: dir.display().to_string(), source: e }
+}
+
+/// Checks (or writes, for a new directory) the identity file; `Ok(true)` if the directory
+/// already held a member's state.
+fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Result<bool, ConfigError> {
+    std::fs::create_dir_all(dir).map_err(|e| io_cfg(dir, e))?;
+    let path = dir.join(IDENTITY);
+    let expected = format!("cluster {cluster_id:016x} member {member_id:016x} ({name})");
+    match std::fs::read_to_string(&path) {
+        Ok(found) => {
+            let found = found.trim().to_string();
+            if found != expected {
+                return Err(ConfigError::ForeignDataDir { dir: dir.display().to_string(), found, expected });
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::read_dir(dir).map_err(|e| io_cfg(dir, e))?.next().is_some() {
+                return Err(ConfigError::ForeignDataDir {
+                    dir: dir.display().to_string(),
+                    found: "files that are not a KeelDB member's".into(),
+                    expected,
+                });
+            }
+            let tmp = dir.join("identity.tmp");
+            std::fs::write(&tmp, format!("{expected}\n")).map_err(|e| io_cfg(dir, e))?;
+            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| io_cfg(dir, e))?;
+            std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
+            Ok(false)
+        }
+        Err(e) => Err(io_cfg(dir, e)),
+    }
+}
+
+/// Errors starting a member.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("cannot listen on {url}: {source}")]
+    Listen { url: String, source: std::io::Error },
+}
+
+impl Node {
+    /// Opens the member's stores, starts Raft and the peer listener. For a new cluster, the
+    /// member proposes the initial membership (every initial member does the same; openraft
+    /// accepts the first and the rest find the log no longer empty).
+    pub async fn start(config: ServeConfig) -> Result<Arc<Node>, StartError> {
+        config.validate()?;
+        let id = config.member_id();
+        let cluster_id = config.cluster_id();
+        let member_dir: PathBuf = config.data_dir.join("member");
+        let existed = claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
+        let log = LogStore::open(&member_dir.join("raft")).map_err(|e| io_cfg(&member_dir, e))?;
+        let sm = StateMachine::open(&member_dir.join("sm")).map_err(|e| io_cfg(&member_dir, e))?;
+        let shared = Arc::clone(&sm.shared);
+        let election_ms = config.election_timeout.as_millis() as u64;
+        let raft_config = Config {
+            cluster_name: format!("{cluster_id:016x}"),
+            heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
+            election_timeout_min: election_ms,
+            election_timeout_max: election_ms * 2,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_count),
+            max_in_snapshot_log_to_keep: 1000,
+            install_snapshot_timeout: 60_000,
+            ..Config::default()
+        };
+        let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
+        let network = Network { cluster_id, me: id };
+        let raft =
+            Raft::new(id, raft_config, network, log.clone(), sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
+        let node = Arc::new(Node {
+            id,
+            cluster_id,
+            request_timeout: config.election_timeout * 5,
+            config,
+            raft,
+            sm: shared,
+            log,
+            peers: Mutex::new(BTreeMap::new()),
+            stopping: tokio::sync::watch::channel(false).0,
+        });
+        for url in &node.config.listen_peer_urls {
+            let addr = network::url_addr(url);
+            let listener =
+                TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
+            tokio::spawn(accept_peers(listener, Arc::clone(&node)));
+        }
+        if !existed && !node.config.join_existing {
+            let members = node.config.initial_members();
+            // A second member's initialize fails harmlessly once the log has the first's entry.
+            let _ = node.raft.initialize(members).await;
+        }
+        Ok(node)
+    }
+
+    /// Stops Raft and tells listeners and connections to end (the stores close when the
+    /// last handle drops).
+    pub async fn shutdown(&self) {
+        self.stopping.send_replace(true);
+        let _ = self.raft.shutdown().await;
+        self.peers.lock().clear();
+    }
+
+    /// Completes once the member is stopping.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The leader as this member knows it.
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow_watched().current_leader
+    }
+
+    /// The Raft term as this member knows it.
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow_watched().current_term
+    }
+
+    /// Members as the last applied membership lists them: (id, member, voter).
+    pub fn members(&self) -> Vec<(u64, Member, bool)> {
+        let p = self.sm.progress.lock();
+        let m = p.membership.membership();
+        let voters: std::collections::BTreeSet<u64> = m.voter_ids().collect();
+        m.nodes().map(|(id, node)| (*id, node.clone(), voters.contains(id))).collect()
+    }
+
+    fn take_peer(&self, id: u64) -> Option<PeerClient> {
+        if let Some(c) = self.peers.lock().get_mut(&id).and_then(Vec::pop) {
+            return Some(c);
+        }
+        let member = self.members().into_iter().find(|(i, _, _)| *i == id)?.1;
+        Some(PeerClient::new(self.cluster_id, self.id, id, &member))
+    }
+
+    fn put_peer(&self, id: u64, client: PeerClient) {
+        let mut peers = self.peers.lock();
+        let idle = peers.entry(id).or_default();
+        if idle.len() < 64 {
+            idle.push(client);
+        }
+    }
+
+    /// Waits (bounded) for a leader to be known.
+    async fn wait_leader(&self) -> Result<u64, NodeError> {
+        let mut rx = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        loop {
+            if let Some(l) = rx.borrow_watched().current_leader {
+                return Ok(l);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(NodeError::Stopped),
+                Err(_) => return Err(NodeError::NoLeader),
+            }
+        }
+    }
+
+    /// Sends `req` to the leader (which may be this member): a write, a read index or an
+    /// administrative change. Retries once the leader changes, within the request timeout.
+    async fn to_leader(&self, req: PeerRequest) -> Result<PeerResponse, NodeError> {
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut last_err = NodeError::NoLeader;
+        while tokio::time::Instant::now() < deadline {
+            let leader = match self.wait_leader().await {
+                Ok(l) => l,
+                Err(e) => return Err(e),
+            };
+            let resp = if leader == self.id {
+                self.handle_local(&req).await
+            } else {
+                let Some(mut peer) = self.take_peer(leader) else { return Err(NodeError::NoLeader) };
+                let result = peer.call(&req, self.request_timeout).await;
+                self.put_peer(leader, peer);
+                match result {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // A write whose answer was lost may still commit: its fate is unknown.
+                        if matches!(req, PeerRequest::Forward(_)) {
+                            return Err(NodeError::Timeout);
+                        }
+                        last_err = NodeError::Other(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            };
+            match resp {
+                PeerResponse::NotLeader(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    last_err = NodeError::NoLeader;
+                }
+                PeerResponse::Error(e) if e == NodeError::Timeout.to_string() => return Err(NodeError::Timeout),
+                PeerResponse::Error(e) => return Err(NodeError::Other(e)),
+                other => return Ok(other),
+            }
+        }
+        Err(last_err)
+    }
+
+    /// Proposes a write and returns what applying it produced.
+    pub async fn write(&self, req: Request) -> Result<Response, NodeError> {
+        match self.to_leader(PeerRequest::Forward(req)).await? {
+            PeerResponse::Forward(r) => Ok(r),
+            other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Waits until a linearizable read may be served from the local state machine.
+    pub async fn read_barrier(&self) -> Result<(), NodeError> {
+        let index = match self.to_leader(PeerRequest::ReadIndex).await? {
+            PeerResponse::ReadIndex(i) => i,
+            other => return Err(NodeError::Other(format!("unexpected answer {other:?}"))),
+        };
+        let mut rx = self.sm.applied_tx.subscribe();
+        let result = tokio::time::timeout(self.request_timeout, rx.wait_for(|applied| *applied >= index)).await;
+        match result {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(NodeError::Stopped),
+            Err(_) => Err(NodeError::Timeout),
+        }
+    }
+
+    /// Carries out a membership change on the leader.
+    pub async fn admin(&self, req: AdminRequest) -> Result<Vec<(u64, Member, bool)>, NodeError> {
+        match self.to_leader(PeerRequest::Admin(req)).await? {
+            PeerResponse::Admin(m) => Ok(m),
+            other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Handles a leader-only request on this member (which believes it leads).
+    async fn handle_local(&self, req: &PeerRequest) -> PeerResponse {
+        match req {
+            PeerRequest::Forward(r) => match self.raft.client_write(r.clone()).await {
+                Ok(resp) => PeerResponse::Forward(resp.data),
+                Err(e) => match e.forward_to_leader() {
+                    // Not appended here: safe to send elsewhere.
+                    Some(f)
+                        if e.api_error()
+                            .is_some_and(|a| matches!(a, openraft::errors::ClientWriteError::ForwardToLeader(_))) =>
+                    {
+                        PeerResponse::NotLeader(f.leader_id)
+                    }
+                    _ => PeerResponse::Error(NodeError::Timeout.to_string()),
+                },
+            },
+            PeerRequest::ReadIndex => match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                Ok(read) => PeerResponse::ReadIndex(read.log_id().index),
+                Err(e) => match e.forward_to_leader() {
+                    Some(f) => PeerResponse::NotLeader(f.leader_id),
+                    None => PeerResponse::Error(format!("etcdserver: {e}")),
+                },
+            },
+            PeerRequest::Admin(a) => self.handle_admin(a).await,
+            _ => PeerResponse::Error("not a leader request".into()),
+        }
+    }
+
+    async fn handle_admin(&self, req: &AdminRequest) -> PeerResponse {
+        let result = match req {
+            AdminRequest::AddMember { id, member, learner } => {
+                if self.members().iter().any(|(i, m, _)| *i == *id || m.peer_urls == member.peer_urls) {
+                    return PeerResponse::Error("etcdserver: Peer URLs already exists".into());
+                }
+                match self.raft.add_learner(*id, member.clone(), false).await {
+                    Err(e) => Err(e.to_string()),
+                    Ok(_) if *learner => Ok(()),
+                    Ok(_) => self
+                        .raft
+                        .change_membership(ChangeMembers::AddVoterIds([*id].into()), false)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                }
+            }
+            AdminRequest::RemoveMember { id } => {
+                let members = self.members();
+                match members.iter().find(|(i, _, _)| i == id) {
+                    None => return PeerResponse::Error("etcdserver: member not found".into()),
+                    Some((_, _, true)) => self
+                        .raft
+                        .change_membership(ChangeMembers::RemoveVoters([*id].into()), false)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Some((_, _, false)) => self
+                        .raft
+                        .change_membership(ChangeMembers::RemoveNodes([*id].into()), false)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                }
+            }
+            AdminRequest::PromoteMember { id } => match self.members().iter().find(|(i, _, _)| i == id) {
+                None => return PeerResponse::Error("etcdserver: member not found".into()),
+                Some((_, _, true)) => {
+                    return PeerResponse::Error("etcdserver: can only promote a learner member".into())
+                }
+                Some(_) => self
+                    .raft
+                    .change_membership(ChangeMembers::AddVoterIds([*id].into()), false)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            },
+        };
+        match result {
+            Ok(()) => PeerResponse::Admin(self.members()),
+            Err(e) if e.contains("forward") || e.contains("leader") => PeerResponse::NotLeader(self.leader()),
+            Err(e) => PeerResponse::Error(format!("etcdserver: {e}")),
+        }
+    }
+}
+
+impl PeerHandler for Node {
+    async fn handle(&self, _from: u64, req: PeerRequest) -> PeerResponse {
+        let fatal = |e: String| PeerResponse::Error(e);
+        match req {
+            PeerRequest::Append(r) => match self.raft.append_entries(r).await {
+                Ok(r) => PeerResponse::Append(r),
+                Err(e) => fatal(e.to_string()),
+            },
+            PeerRequest::Vote(r) => match self.raft.vote(r).await {
+                Ok(r) => PeerResponse::Vote(r),
+                Err(e) => fatal(e.to_string()),
+            },
+            PeerRequest::PreVote(r) => match self.raft.pre_vote(r).await {
+                Ok(r) => PeerResponse::Vote(r),
+                Err(e) => fatal(e.to_string()),
+            },
+            PeerRequest::Snapshot { vote, meta, data } => {
+                let snapshot = openraft::Snapshot { meta, snapshot: std::io::Cursor::new(data) };
+                match self.raft.install_full_snapshot(vote, snapshot).await {
+                    Ok(r) => PeerResponse::Snapshot(r),
+                    Err(e) => fatal(e.to_string()),
+                }
+            }
+            PeerRequest::TransferLeader(r) => match self.raft.handle_transfer_leader(r).await {
+                Ok(r) => PeerResponse::TransferLeader(r),
+                Err(e) => fatal(e.to_string()),
+            },
+            other => {
+                if self.leader() != Some(self.id) {
+                    return PeerResponse::NotLeader(self.leader());
+                }
+                self.handle_local(&other).await
+            }
+        }
+    }
+}
+
+async fn accept_peers(listener: TcpListener, node: Arc<Node>) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = node.stopped() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let node = Arc::clone(&node);
+                tokio::spawn(async move {
+                    let (cluster_id, me) = (node.cluster_id, node.id);
+                    let stop = Arc::clone(&node);
+                    let served = tokio::select! {
+                        r = network::serve_peer(stream, cluster_id, me, node) => r,
+                        _ = stop.stopped() => Ok(()),
+                    };
+                    if let Err(e) = served {
+                        if e.kind() != std::io::ErrorKind::UnexpectedEof
+                            && e.kind() != std::io::ErrorKind::ConnectionReset
+                        {
+                            eprintln!("keel: peer connection closed: {e}");
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                eprintln!("keel: peer accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

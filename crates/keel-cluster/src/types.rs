@@ -1,0 +1,109 @@
+//! The Raft type configuration, the log entry payload (an etcd write request) and the member
+//! record every node keeps for every other.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// KeelDB's Raft types: u64 member ids, etcd write requests as entries.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = u64,
+        Node = Member,
+);
+
+/// Shorthands over [`TypeConfig`].
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A Raft log entry.
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+/// A vote (term and candidate) as Raft persists it.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// Membership as last applied, with the entry that set it.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// A snapshot's metadata.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+/// The Raft handle.
+pub type Raft = openraft::Raft<TypeConfig, crate::state_machine::StateMachine>;
+
+/// A cluster member as etcd describes one: its name and the URLs peers and clients use.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Member {
+    /// `--name`.
+    pub name: String,
+    /// `--initial-advertise-peer-urls` (the first is dialled by peers).
+    pub peer_urls: Vec<String>,
+    /// `--advertise-client-urls`.
+    pub client_urls: Vec<String>,
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.name, self.peer_urls.join(","))
+    }
+}
+
+/// Which etcd write a log entry carries; the body is the request's protobuf encoding, exactly
+/// as the client sent it, so the entry replays the same on every member.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `etcdserverpb.PutRequest`.
+    Put,
+    /// `etcdserverpb.DeleteRangeRequest`.
+    DeleteRange,
+    /// `etcdserverpb.TxnRequest`.
+    Txn,
+    /// `etcdserverpb.CompactionRequest`.
+    Compact,
+    /// A member publishing its name and client URLs (bincode `(u64, Member)`), as etcd
+    /// members do after they start; takes no revision.
+    Publish,
+}
+
+/// A log entry's payload: one etcd write request.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// What `body` decodes as.
+    pub kind: RequestKind,
+    /// The protobuf-encoded request.
+    pub body: Vec<u8>,
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}({} bytes)", self.kind, self.body.len())
+    }
+}
+
+/// What applying an entry produced: the protobuf-encoded etcd response (its header's revision
+/// set; cluster, member and term are filled in by the member that answers), or the etcd error
+/// the request ends with.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The encoded response message of the request's kind.
+    Ok(Vec<u8>),
+    /// The request failed deterministically on every member (nothing was written).
+    Err(ApplyError),
+}
+
+/// Deterministic failures of an applied request; each maps to etcd's status and message.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// etcd `ErrCompacted`.
+    #[error("etcdserver: mvcc: required revision has been compacted")]
+    Compacted,
+    /// etcd `ErrFutureRev`.
+    #[error("etcdserver: mvcc: required revision is a future revision")]
+    FutureRevision,
+    /// `ignore_value`/`ignore_lease` on a key that does not exist.
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    /// A lease id other than 0 (leases arrive with their own issue).
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    /// A request the API layer should have refused (checked again, so that a bad entry
+    /// cannot make members diverge).
+    #[error("etcdserver: {0}")]
+    Invalid(String),
+}
