@@ -273,3 +273,37 @@ fn within_a_command_the_last_write_to_a_key_wins() {
     db.apply_batch(vec![(LogPosition::new(2, 1), cmd)]).pop().unwrap().unwrap();
     assert_eq!(get(&db, "b", b"k"), None);
 }
+
+/// `WriteTxn::commit_as_command`: a transaction that read before writing is applied as the
+/// log command at a position; the position is recorded with its writes (or alone when it
+/// wrote nothing), an old position is refused with nothing written, and it survives reopen.
+#[test]
+fn a_transaction_commits_as_a_log_command_at_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let db = Database::open(&path, Options::with_durability(Durability::Relaxed)).unwrap();
+    let mut txn = db.begin_write().unwrap();
+    let old = txn.get("kv", b"a").unwrap();
+    assert_eq!(old, None);
+    txn.put("kv", b"a", b"1").unwrap();
+    txn.commit_as_command(LogPosition::new(5, 1), Durability::Relaxed).unwrap();
+    assert_eq!(db.applied(), Some(LogPosition::new(5, 1)));
+    // A transaction without writes still records its position.
+    let txn = db.begin_write().unwrap();
+    txn.commit_as_command(LogPosition::new(6, 2), Durability::Sync).unwrap();
+    assert_eq!(db.applied(), Some(LogPosition::new(6, 2)));
+    // An old position is refused and writes nothing.
+    let mut txn = db.begin_write().unwrap();
+    txn.put("kv", b"a", b"stale").unwrap();
+    let err = txn.commit_as_command(LogPosition::new(6, 2), Durability::Relaxed).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(db.begin_read().unwrap().get("kv", b"a").unwrap(), Some(b"1".to_vec()));
+    // A reserved table stays refused through this path too.
+    let mut txn = db.begin_write().unwrap();
+    assert!(matches!(txn.put("__keeldb/x", b"k", b"v"), Err(Error::ReservedTable(_))));
+    drop(txn);
+    db.close().unwrap();
+    let db = Database::open(&path, Options::with_durability(Durability::Relaxed)).unwrap();
+    assert_eq!(db.applied(), Some(LogPosition::new(6, 2)));
+    assert_eq!(db.begin_read().unwrap().get("kv", b"a").unwrap(), Some(b"1".to_vec()));
+}
