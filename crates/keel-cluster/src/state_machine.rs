@@ -156,9 +156,19 @@ impl StateMachine {
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
         std::fs::create_dir_all(dir.join("snap"))?;
-        Ok(StateMachine {
+        let sm = StateMachine {
             shared: Arc::new(Shared { db, dir: dir.to_path_buf(), progress: Mutex::new(progress), applied_tx }),
-        })
+        };
+        // The store is relaxed: after a power loss it may be older than the last snapshot,
+        // and the log before the snapshot may be purged. The snapshot file is durable, so
+        // bring the store up to it before Raft asks what is applied.
+        if let Some((meta, bytes)) = sm.load_snapshot()? {
+            let applied = sm.shared.progress.lock().applied;
+            if meta.last_log_id > applied {
+                sm.install_bytes(&meta, &bytes)?;
+            }
+        }
+        Ok(sm)
     }
 
     fn apply_one(&self, log_id: LogId, payload: &openraft::alias::EntryPayloadOf<TypeConfig>) -> io::Result<Response> {
@@ -242,6 +252,22 @@ impl StateMachine {
         }
         self.shared.applied_tx.send_replace(log_id.index);
         Ok(response)
+    }
+
+    /// Replaces the store with a checkpoint stream and reloads the progress from it.
+    fn install_bytes(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
+        let opts = InstallOptions { expected_bytes: Some(bytes.len() as u64), ..InstallOptions::default() };
+        let mut input = bytes;
+        self.shared.db.install_checkpoint_with(&mut input, opts).map_err(io_err)?;
+        let txn = self.shared.db.begin_read().map_err(io_err)?;
+        let progress = progress_of(&txn)?;
+        if progress.applied != meta.last_log_id {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
+        }
+        let applied = progress.applied.map_or(0, |a| a.index);
+        *self.shared.progress.lock() = progress;
+        self.shared.applied_tx.send_replace(applied);
+        Ok(())
     }
 
     fn snapshot_path(&self) -> PathBuf {
@@ -406,17 +432,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let meta2 = meta.clone();
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             let bytes = snapshot.into_inner();
-            let opts = InstallOptions { expected_bytes: Some(bytes.len() as u64), ..InstallOptions::default() };
-            me.shared.db.install_checkpoint_with(&mut bytes.as_slice(), opts).map_err(io_err)?;
-            let txn = me.shared.db.begin_read().map_err(io_err)?;
-            let progress = progress_of(&txn)?;
-            if progress.applied != meta2.last_log_id {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
-            }
-            let applied = progress.applied.map_or(0, |a| a.index);
-            *me.shared.progress.lock() = progress;
-            me.shared.applied_tx.send_replace(applied);
-            me.store_snapshot(&meta2, &bytes)
+            // Snapshot file first: once it is durable, a crash during the install below is
+            // finished at the next open (see `open`).
+            me.store_snapshot(&meta2, &bytes)?;
+            me.install_bytes(&meta2, &bytes)
         })
         .await
         .map_err(io_err)?
