@@ -39,8 +39,21 @@ pub use crate::child::{child_main, CHILD_COMMAND};
 pub use crate::peers::KNOWN_PEERS;
 
 /// Suite names in the order `keel bench` runs them.
-pub const SUITES: [&str; 8] =
-    ["durability", "group-commit", "sqlite-compare", "mvcc", "recovery", "scale", "cpu-accounting", "engine"];
+pub const SUITES: [&str; 9] = [
+    "durability",
+    "group-commit",
+    "sqlite-compare",
+    "mvcc",
+    "recovery",
+    "scale",
+    "cpu-accounting",
+    "engine",
+    "cluster",
+];
+
+/// Suites that run only when named with `--suite` (they start server processes and need the
+/// Go tools of `scripts/go-tools`).
+pub const OPT_IN_SUITES: [&str; 1] = ["cluster"];
 
 /// How much work each suite does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,7 +147,11 @@ pub fn select_suites(requested: &[String]) -> anyhow::Result<Vec<&'static str>> 
             bail!("unknown suite `{name}`; the suites are: {}", SUITES.join(", "));
         }
     }
-    Ok(SUITES.iter().copied().filter(|s| requested.is_empty() || requested.iter().any(|r| r == s)).collect())
+    Ok(SUITES
+        .iter()
+        .copied()
+        .filter(|s| if requested.is_empty() { !OPT_IN_SUITES.contains(s) } else { requested.iter().any(|r| r == s) })
+        .collect())
 }
 
 /// Checks `--peers`: `none`, `all`, `default`, or a comma-separated list of known peers.
@@ -241,6 +258,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "scale" => suites::scale::run(&context)?,
             "cpu-accounting" => suites::cpu_accounting::run(&context)?,
             "engine" => suites::engine::run(&context)?,
+            "cluster" => suites::cluster::run(&context)?,
             other => bail!("suite `{other}` has no runner"),
         };
         context.progress.line(suite, format!("done ({} rows)", suite_rows.len()));
@@ -347,7 +365,7 @@ mod tests {
 
     #[test]
     fn selects_suites_in_run_order() {
-        assert_eq!(select_suites(&[]).unwrap(), SUITES.to_vec());
+        assert_eq!(select_suites(&[]).unwrap(), SUITES.iter().copied().filter(|s| *s != "cluster").collect::<Vec<_>>());
         let picked = select_suites(&["mvcc".to_string(), "durability".to_string()]).unwrap();
         assert_eq!(picked, ["durability", "mvcc"]);
         let err = select_suites(&["nope".to_string()]).unwrap_err().to_string();

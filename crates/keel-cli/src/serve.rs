@@ -53,6 +53,16 @@ pub struct ServeCommand {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
+    /// Accepted for etcd scripts: `debug` and `info` print member events, `warn` and
+    /// `error` only problems (KeelDB logs little either way).
+    #[arg(long, default_value = "info", value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
+    log_level: String,
+    /// Accepted for etcd scripts and ignored (KeelDB logs to stderr).
+    #[arg(long, hide = true)]
+    logger: Option<String>,
+    /// Accepted for etcd scripts and ignored (KeelDB logs to stderr).
+    #[arg(long, hide = true)]
+    log_outputs: Option<String>,
 }
 
 impl ServeCommand {
@@ -87,23 +97,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 /// Runs a member until SIGINT or SIGTERM.
 pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
+    let cmd_log_level = cmd.log_level.clone();
     let config = cmd.config()?;
     runtime()?.block_on(async move {
         let server = keel_cluster::Server::start(config).await.map_err(|e| match e {
             keel_cluster::StartError::Config(e) => Failure::usage(e),
             other => Failure::runtime(other),
         })?;
-        eprintln!(
-            "keel: member {:x} ({}) of cluster {:x} serving clients on {:?}",
-            server.node.id, server.node.config.name, server.node.cluster_id, server.client_addrs
-        );
+        let quiet = matches!(cmd_log_level.as_str(), "warn" | "error" | "panic" | "fatal");
+        if !quiet {
+            eprintln!(
+                "keel: member {:x} ({}) of cluster {:x} serving clients on {:?}",
+                server.node.id, server.node.config.name, server.node.cluster_id, server.client_addrs
+            );
+        }
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(Failure::runtime)?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("keel: stopping");
+        if !quiet {
+            eprintln!("keel: stopping");
+        }
         server.stop().await;
         Ok(0)
     })

@@ -39,6 +39,10 @@ impl Server {
         let max = node.config.max_request_bytes + 64 * 1024;
         let mut client_addrs = Vec::new();
         let mut tasks = Vec::new();
+        // Like etcd, serve clients only once this member's name and client URLs are in the
+        // replicated state (so MemberList shows every serving member's URLs); the listeners
+        // are bound now so that the ports are this member's.
+        let (published_tx, published_rx) = tokio::sync::watch::channel(false);
         for url in &node.config.listen_client_urls {
             let addr = network::url_addr(url);
             let listener = tokio::net::TcpListener::bind(&addr)
@@ -54,14 +58,19 @@ impl Server {
                 .add_service(PbWatchServer::new(api.clone()))
                 .add_service(PbLeaseServer::new(api.clone()));
             let stop = Arc::clone(&node);
+            let mut ready = published_rx.clone();
             tasks.push(tokio::spawn(async move {
+                tokio::select! {
+                    _ = ready.wait_for(|p| *p) => {}
+                    _ = stop.stopped() => return,
+                }
                 if let Err(e) = router.serve_with_incoming_shutdown(incoming, async move { stop.stopped().await }).await
                 {
                     eprintln!("keel: client listener stopped: {e}");
                 }
             }));
         }
-        tasks.push(tokio::spawn(publish_attributes(Arc::clone(&node))));
+        tasks.push(tokio::spawn(publish_attributes(Arc::clone(&node), published_tx)));
         Ok(Server { node, client_addrs, tasks })
     }
 
@@ -79,20 +88,24 @@ impl Server {
 }
 
 /// Records this member's name and client URLs in the replicated state (as etcd's members
-/// publish theirs), retrying until it succeeds or ten minutes pass.
-async fn publish_attributes(node: Arc<Node>) {
+/// publish theirs), retrying every second until it is there or the member stops.
+async fn publish_attributes(node: Arc<Node>, done: tokio::sync::watch::Sender<bool>) {
     let body = match bincode::serialize(&(node.id, node.config.me())) {
         Ok(b) => b,
         Err(_) => return,
     };
-    for _ in 0..600 {
+    loop {
         let published = node.sm.published_members();
         if published.get(&node.id) == Some(&node.config.me()) {
+            done.send_replace(true);
             return;
         }
         let req = types::Request { kind: types::RequestKind::Publish, body: body.clone() };
         tokio::select! {
-            r = node.write(req) => if let Ok(types::Response::Ok(_)) = r { return },
+            r = node.write(req) => if let Ok(types::Response::Ok(_)) = r {
+                done.send_replace(true);
+                return;
+            },
             _ = node.stopped() => return,
         }
         tokio::select! {

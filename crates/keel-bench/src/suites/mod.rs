@@ -3,6 +3,7 @@
 //! measures, and returns flat rows; none prints Markdown or writes files outside its temporary
 //! directories.
 
+pub mod cluster;
 pub mod cpu_accounting;
 pub mod durability;
 pub mod engine;
