@@ -49,7 +49,11 @@ impl Server {
                 .await
                 .map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
             client_addrs.push(listener.local_addr().map_err(|e| StartError::Listen { url: url.clone(), source: e })?);
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Without TCP_NODELAY small gRPC replies wait for the peer's delayed ACK (40 ms).
+            let incoming =
+                tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
+                    s.and_then(|s| s.set_nodelay(true).map(|()| s))
+                });
             let router = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))

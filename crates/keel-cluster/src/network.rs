@@ -84,14 +84,29 @@ pub enum PeerResponse {
     Error(String),
 }
 
-/// Reads one frame.
+/// Reads one frame of at most [`MAX_FRAME`] bytes.
 pub async fn read_frame<T: serde::de::DeserializeOwned>(r: &mut (impl AsyncReadExt + Unpin)) -> io::Result<T> {
+    read_frame_limited(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `max` bytes. The buffer grows only as bytes arrive, so a
+/// length prefix that lies costs no memory beyond what the sender really sends.
+pub async fn read_frame_limited<T: serde::de::DeserializeOwned>(
+    r: &mut (impl AsyncReadExt + Unpin),
+    max: usize,
+) -> io::Result<T> {
     let len = r.read_u32_le().await? as usize;
-    if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer frame of {len} bytes is over the limit")));
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("peer frame of {len} bytes is over the limit of {max}"),
+        ));
     }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).await?;
+    let mut buf = Vec::with_capacity(len.min(64 * 1024));
+    let got = (&mut *r).take(len as u64).read_to_end(&mut buf).await?;
+    if got != len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer frame cut short"));
+    }
     bincode::deserialize(&buf)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable peer frame: {e}")))
 }
@@ -283,7 +298,8 @@ where
     stream.set_nodelay(true)?;
     let (r, w) = stream.into_split();
     let (mut r, mut w) = (BufReader::new(r), BufWriter::new(w));
-    let hello: Hello = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut r))
+    // A hello is 32 bytes; anything longer is not a KeelDB peer.
+    let hello: Hello = tokio::time::timeout(Duration::from_secs(10), read_frame_limited(&mut r, 64))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
     if hello.magic != MAGIC || hello.cluster_id != cluster_id || hello.to != me {

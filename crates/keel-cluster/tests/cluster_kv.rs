@@ -205,3 +205,59 @@ async fn a_data_dir_of_another_member_is_refused() {
     let err = Server::start(other).await.err().expect("must refuse");
     assert!(err.to_string().contains("belongs to"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_from_clients_and_peers_gets_errors_and_changes_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let ip = base_ip(3);
+    let names = ["solo"];
+    let servers = vec![Some(start_retrying(config(dir.path(), &ip, &names, 0)).await)];
+    wait_leader(&servers).await;
+    let mut c = client(&format!("http://{ip}:23790")).await;
+    let rev = c.put("a", "1", None).await.unwrap().header().unwrap().revision();
+
+    // An inverted range is empty, not an error (as in etcd).
+    let inv = c.get("z", Some(GetOptions::new().with_range("a"))).await.unwrap();
+    assert_eq!((inv.count(), inv.kvs().len()), (0, 0));
+    // Unknown member ids.
+    let err = c.member_remove(0xdead_beef).await.unwrap_err().to_string();
+    assert!(err.contains("member not found"), "{err}");
+    // A compaction beyond the current revision.
+    let err = c.compact(rev + 10, None).await.unwrap_err().to_string();
+    assert!(err.contains("future revision"), "{err}");
+
+    // Garbage on the peer port: random bytes, then a frame that claims 4 GiB.
+    let peer = format!("{ip}:23800");
+    let mut s = tokio::net::TcpStream::connect(&peer).await.unwrap();
+    let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let _ = s.write_all(&junk).await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "the member must close a connection that sends garbage");
+    let mut s = tokio::net::TcpStream::connect(&peer).await.unwrap();
+    let _ = s.write_all(&u32::MAX.to_le_bytes()).await;
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0);
+    // A well-formed hello from another cluster is refused before any request is read.
+    let mut s = tokio::net::TcpStream::connect(&peer).await.unwrap();
+    let node = &servers[0].as_ref().unwrap().node;
+    let hello = keel_cluster::network::Hello {
+        magic: 0x4b45_454c_5045_4552,
+        cluster_id: node.cluster_id ^ 1,
+        from: 7,
+        to: node.id,
+    };
+    keel_cluster::network::write_frame(&mut s, &hello).await.unwrap();
+    keel_cluster::network::write_frame(&mut s, &keel_cluster::network::PeerRequest::ReadIndex).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "a peer of another cluster must get no answer");
+
+    // Nothing changed, and the member still serves.
+    let after = c.get("a", None).await.unwrap();
+    assert_eq!(after.header().unwrap().revision(), rev);
+    assert_eq!(c.put("b", "2", None).await.unwrap().header().unwrap().revision(), rev + 1);
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
