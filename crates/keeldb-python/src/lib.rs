@@ -6,10 +6,13 @@
 //! - `graph.rs`: `Node`, `Edge`, graph methods of the transactions.
 //! - `props.rs`: JSON-compatible dict properties to and from compact JSON bytes.
 //! - `errors.rs`: engine errors to the `keeldb.Error` hierarchy (`python/keeldb/_errors.py`).
+//! - `cluster.rs`: `connect` and `Client`, a client of etcd's v3 gRPC API (`keel serve`, etcd).
 //!
 //! The GIL is released wherever the engine may wait (commit and its fsync, open, close,
-//! checkpoint, verify, scan chunks), never for sub-microsecond point operations.
+//! checkpoint, verify, scan chunks), never for sub-microsecond point operations, and for every
+//! network round trip of the cluster client.
 
+mod cluster;
 mod db;
 mod errors;
 mod graph;
@@ -31,6 +34,7 @@ fn _keeldb(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<graph::Node>()?;
     m.add_class::<graph::Edge>()?;
     m.add_class::<graph::GraphIter>()?;
+    cluster::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", keeldb::FORMAT_VERSION)?;
     Ok(())

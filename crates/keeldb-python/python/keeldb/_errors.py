@@ -22,6 +22,12 @@ __all__ = [
     "CpuBudgetError",
     "TxnTimeoutError",
     "IoError",
+    "ClusterError",
+    "Unavailable",
+    "Timeout",
+    "Compacted",
+    "FutureRevision",
+    "InvalidRequest",
 ]
 
 
@@ -66,7 +72,7 @@ class UnsupportedVersionError(Error):
 
 
 class ClosedError(Error):
-    """The database was closed."""
+    """The database (or the cluster client) was closed."""
 
 
 class TransactionDoneError(Error):
@@ -83,3 +89,38 @@ class TxnTimeoutError(Error, TimeoutError):
 
 class IoError(Error, OSError):
     """An I/O error from the file system."""
+
+
+# Errors of the cluster client (keeldb.connect), mapped from gRPC status codes and etcd's messages.
+
+
+class ClusterError(Error):
+    """A request to an etcd v3 API cluster (``keel serve`` or etcd) failed."""
+
+
+class Unavailable(ClusterError, ConnectionError):
+    """No endpoint could serve the request within the timeout (down, unreachable, no leader).
+
+    Raised only when the request certainly was not applied, so it is safe to retry.
+    """
+
+
+class Timeout(ClusterError, TimeoutError):
+    """No answer in time, or the connection broke: the outcome is unknown.
+
+    A write may or may not have been applied; read the key (or compare revisions) before
+    repeating it. The client never retries such a write by itself.
+    """
+
+
+class Compacted(ClusterError):
+    """The requested revision has been compacted away."""
+
+
+class FutureRevision(ClusterError):
+    """The requested revision is newer than the store's current revision."""
+
+
+class InvalidRequest(ClusterError, ValueError):
+    """The server refused the request as invalid (duplicate key in a txn, request too large,
+    empty key, ...); nothing was applied."""
