@@ -828,11 +828,9 @@ impl Inner {
                 }
             }
             if (attempt + 1) % n == 0 {
-                let now = Instant::now();
-                if now + backoff >= deadline {
-                    break;
-                }
-                tokio::time::sleep(backoff).await;
+                // Every endpoint failed this round: back off (never past the deadline), then
+                // go round again.
+                tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             if Instant::now() >= deadline {
