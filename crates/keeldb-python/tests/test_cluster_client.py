@@ -355,7 +355,7 @@ def test_dead_endpoints_raise_unavailable_within_the_timeout():
         with pytest.raises(keeldb.Unavailable) as info:
             call()
         elapsed = time.monotonic() - t0
-        assert 0.5 < elapsed < 2.5, elapsed  # retried with backoff until about the timeout, no longer
+        assert 0.9 < elapsed < 2.0, elapsed  # retried with backoff until the timeout, no longer
         assert isinstance(info.value, ConnectionError) and isinstance(info.value, keeldb.ClusterError)
     c.close()
 
@@ -522,3 +522,18 @@ def test_three_members_write_through_a_follower(trio, ns):
     with keeldb.connect([other.client_url] + [u for u in urls if u != other.client_url], timeout=10.0) as c:
         assert c.put(ns + "after", "ok") == r2 + 2
         assert c.get(ns + "after") == b"ok"
+
+
+def test_readme_example_runs(server, capsys):
+    """The cluster client example of crates/keeldb-python/README.md, against the test member."""
+    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("## The cluster client", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    endpoints = '["http://10.0.0.1:2379", "http://10.0.0.2:2379"]'
+    assert endpoints in code
+    with keeldb.connect([server.client_url]) as c:
+        c.delete("config/", prefix=True)
+    exec(compile(code.replace(endpoints, repr([server.client_url])), readme, "exec"), {})
+    assert "swapped at" in capsys.readouterr().out
