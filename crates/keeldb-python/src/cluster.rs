@@ -125,6 +125,10 @@ impl RangeSpec {
         RangeSpec { key, ..Default::default() }
     }
 
+    fn start(&self) -> Vec<u8> {
+        range_start(&self.key, self.end.is_some())
+    }
+
     fn check(&self) -> PyResult<()> {
         if self.prefix && self.end.is_some() {
             return Err(PyValueError::new_err("give either end or prefix=True, not both"));
@@ -159,6 +163,16 @@ impl RangeSpec {
             o = o.with_sort(target, order);
         }
         o
+    }
+}
+
+/// The key a range starts at: etcd refuses an empty key, but no key is empty, so a range from
+/// `""` is the range from `"\0"` (etcd's smallest key; `("\0", "\0")` is every key).
+fn range_start(key: &[u8], has_end: bool) -> Vec<u8> {
+    if key.is_empty() && has_end {
+        vec![0]
+    } else {
+        key.to_vec()
     }
 }
 
@@ -500,9 +514,9 @@ impl OpSpec {
                 let o = if *prev_kv { PutOptions::new().with_prev_key() } else { PutOptions::new() };
                 TxnOp::put(key.clone(), value.clone(), Some(o))
             }
-            OpSpec::Get(r) => TxnOp::get(r.key.clone(), Some(r.options())),
+            OpSpec::Get(r) => TxnOp::get(r.start(), Some(r.options())),
             OpSpec::Delete { key, prefix, range_end } => {
-                TxnOp::delete(key.clone(), Some(delete_options(*prefix, range_end.clone())?))
+                TxnOp::delete(range_start(key, range_end.is_some()), Some(delete_options(*prefix, range_end.clone())?))
             }
             OpSpec::Txn(t) => TxnOp::txn(t.to_etcd()?),
         })
@@ -946,7 +960,7 @@ impl Client {
     fn range_kvs(&self, py: Python<'_>, spec: RangeSpec) -> PyResult<Vec<Kv>> {
         spec.check()?;
         let (resp, _) = self.run(py, Mode::Read, "range", |mut c| {
-            let (key, options) = (spec.key.clone(), spec.options());
+            let (key, options) = (spec.start(), spec.options());
             async move { c.get(key, Some(options)).await }
         })?;
         Ok(resp.0.kvs.into_iter().map(Kv::from).collect())
@@ -990,7 +1004,7 @@ impl Client {
         let range_end = range_end.map(|e| e.0);
         delete_options(prefix, range_end.clone())?;
         let (resp, _) = self.run(py, Mode::Write, "delete", |mut c| {
-            let key = key.0.clone();
+            let key = range_start(&key.0, range_end.is_some());
             let options = delete_options(prefix, range_end.clone());
             async move {
                 let options = options.map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?;
@@ -1003,12 +1017,13 @@ impl Client {
     /// The keys in `[start, end)` in key order, as `KeyValue`s.
     ///
     /// With `end=None`, just `start` (etcd's convention; `end=b"\0"` means every key from
-    /// `start` on). `prefix=True`: every key starting with `start`. `limit`: at most this many
-    /// (0: no limit). `revision`: read the store as of that revision (0: now; raises
-    /// `Compacted` or `FutureRevision`). `serializable=True`: answer from the member's local
-    /// state without a leader round trip (may be stale). `keys_only=True`: values come back
-    /// empty. `sort`: `"key"`, `"version"`, `"create_revision"`, `"mod_revision"` or
-    /// `"value"`, or a pair such as `("mod_revision", "descend")`.
+    /// `start` on, so `range("", b"\0")` is every key). `prefix=True`: every key starting with
+    /// `start`. `limit`: at most this many (0: no limit). `revision`: read the store as of that
+    /// revision (0: now; raises `Compacted` or `FutureRevision`). `serializable=True`: answer
+    /// from the member's local state without a leader round trip (may be stale).
+    /// `keys_only=True`: values come back empty. `sort`: `"key"`, `"version"`,
+    /// `"create_revision"`, `"mod_revision"` or `"value"`, or a pair such as
+    /// `("mod_revision", "descend")`.
     #[pyo3(signature = (start, end = None, *, prefix = false, limit = 0, revision = 0, serializable = false,
         keys_only = false, sort = None))]
     #[allow(clippy::too_many_arguments)]

@@ -242,6 +242,9 @@ def test_range_prefix_limit_sort_and_history(client, ns):
     assert [kv.value for kv in client.range(ns + "b", revision=before)] == [b"B2"]
     assert [kv.value for kv in client.range(ns + "b", serializable=True)] == [b"B3"]
     assert client.range(ns + "nothing", prefix=True) == []
+    everything = [kv.key for kv in client.range("", b"\0")]  # an empty start: from the first key
+    assert [k for k in everything if k.startswith(ns.encode())] == [ns.encode() + c for c in [b"a", b"b", b"c", b"d", b"z"]]
+    assert client.range("", ns + "b")[-1].key == ns.encode() + b"a"
     with pytest.raises(ValueError):
         client.range(ns, ns + "z", prefix=True)
     with pytest.raises(ValueError):
