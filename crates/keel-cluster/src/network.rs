@@ -27,6 +27,42 @@ use tokio::net::TcpStream;
 
 use crate::types::{Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
 
+/// Injected network faults for tests: pairs of members whose link is cut (both the dialling
+/// side and the listening side check it). Empty, and one atomic load per call, outside tests.
+#[doc(hidden)]
+pub mod faults {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use parking_lot::Mutex;
+
+    static ANY: AtomicBool = AtomicBool::new(false);
+    static CUT: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+
+    /// Cuts (or heals) the link from `a` to `b`.
+    pub fn set_cut(a: u64, b: u64, cut: bool) {
+        let mut g = CUT.lock();
+        let set = g.get_or_insert_with(HashSet::new);
+        if cut {
+            set.insert((a, b));
+        } else {
+            set.remove(&(a, b));
+        }
+        ANY.store(!set.is_empty(), Ordering::Release);
+    }
+
+    /// Heals every link.
+    pub fn heal_all() {
+        *CUT.lock() = None;
+        ANY.store(false, Ordering::Release);
+    }
+
+    /// Whether the link from `a` to `b` is cut.
+    pub fn is_cut(a: u64, b: u64) -> bool {
+        ANY.load(Ordering::Acquire) && CUT.lock().as_ref().is_some_and(|s| s.contains(&(a, b)))
+    }
+}
+
 /// Largest frame accepted (a snapshot travels in one frame).
 pub const MAX_FRAME: usize = 1 << 30;
 const MAGIC: u64 = 0x4b45_454c_5045_4552; // "KEELPEER"
@@ -159,6 +195,13 @@ impl PeerClient {
     }
 
     async fn call_inner(&mut self, req: &PeerRequest) -> Result<PeerResponse, CallError> {
+        if faults::is_cut(self.from, self.to) {
+            self.conn = None;
+            return Err(CallError::Unreachable(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "link cut (test fault)",
+            )));
+        }
         if self.conn.is_none() {
             let stream = TcpStream::connect(&self.addr).await.map_err(CallError::Unreachable)?;
             stream.set_nodelay(true).map_err(CallError::Unreachable)?;
@@ -317,7 +360,13 @@ where
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
+        if faults::is_cut(hello.from, me) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
+        }
         let resp = handler.handle(hello.from, req).await;
+        if faults::is_cut(me, hello.from) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
+        }
         write_frame(&mut w, &resp).await?;
     }
 }

@@ -1,0 +1,262 @@
+//! Three in-process members while a seeded nemesis cuts members off (both directions of every
+//! link of one member, then heals), with clients bound to every member doing put, linearizable
+//! get and compare-and-swap on a few keys. The history is checked for linearizability per key
+//! (a Wing–Gong search with memoization; an operation whose answer was lost may take effect
+//! at any point after it began, or never). Seeds are printed; `KEEL_PARTITION_SEED` replays
+//! one and `KEEL_PARTITION_SECS` lengthens the run.
+//!
+//! Its own test binary: the link cuts are process-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use keel_cluster::network::faults;
+use keel_cluster::{ServeConfig, Server};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u64),
+    Get,
+    Cas(u64, u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Out {
+    Ok,
+    Value(Option<u64>),
+    Swapped(bool),
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    key: usize,
+    op: Op,
+    out: Out,
+    call: Instant,
+    ret: Option<Instant>,
+}
+
+fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
+    let peer = |n: usize| format!("http://{ip}:{}", 23900 + n);
+    let client = |n: usize| format!("http://{ip}:{}", 23890 + n);
+    let names = ["p1", "p2", "p3"];
+    ServeConfig {
+        name: names[i].into(),
+        data_dir: dir.join(names[i]),
+        listen_client_urls: vec![client(i)],
+        advertise_client_urls: vec![client(i)],
+        listen_peer_urls: vec![peer(i)],
+        initial_advertise_peer_urls: vec![peer(i)],
+        initial_cluster: names.iter().enumerate().map(|(n, name)| (name.to_string(), vec![peer(n)])).collect(),
+        initial_cluster_token: "partitions".into(),
+        join_existing: false,
+        heartbeat_interval: Duration::from_millis(50),
+        election_timeout: Duration::from_millis(300),
+        snapshot_count: 200,
+        max_request_bytes: 64 * 1024,
+    }
+}
+
+/// Whether `events` (one key) can be linearized as a register: puts set, gets read, a cas
+/// swaps only when the value equals its expectation.
+fn linearizable(events: &[Event]) -> bool {
+    // A read whose answer was lost constrains nothing.
+    let events: Vec<&Event> = events.iter().filter(|e| !(matches!(e.op, Op::Get) && e.out == Out::Unknown)).collect();
+    let n = events.len();
+    let words = n.div_ceil(64);
+    let mut seen: HashSet<(Vec<u64>, Option<u64>)> = HashSet::new();
+    // Explicit DFS stack of (done set, value, next candidate index to try).
+    let mut stack: Vec<(Vec<u64>, Option<u64>)> = vec![(vec![0; words], None)];
+    let completed: Vec<bool> = events.iter().map(|e| e.ret.is_some()).collect();
+    while let Some((done, value)) = stack.pop() {
+        let is_done = |i: usize| done[i / 64] >> (i % 64) & 1 == 1;
+        if (0..n).all(|i| !completed[i] || is_done(i)) {
+            return true;
+        }
+        if !seen.insert((done.clone(), value)) {
+            continue;
+        }
+        // The earliest return among pending completed ops: nothing called after it may go first.
+        let horizon = (0..n).filter(|&i| completed[i] && !is_done(i)).filter_map(|i| events[i].ret).min();
+        for i in 0..n {
+            if is_done(i) || horizon.is_some_and(|h| events[i].call > h) {
+                continue;
+            }
+            let e = events[i];
+            let next = match (&e.op, &e.out) {
+                (Op::Put(v), Out::Ok | Out::Unknown) => Some(Some(*v)),
+                (Op::Get, Out::Value(v)) => (*v == value).then_some(value),
+                (Op::Get, Out::Unknown) => Some(value),
+                (Op::Cas(exp, new), Out::Swapped(true)) => (value == Some(*exp)).then_some(Some(*new)),
+                (Op::Cas(exp, _), Out::Swapped(false)) => (value != Some(*exp)).then_some(value),
+                (Op::Cas(exp, new), Out::Unknown) => Some(if value == Some(*exp) { Some(*new) } else { value }),
+                _ => None,
+            };
+            if let Some(v) = next {
+                let mut d = done.clone();
+                d[i / 64] |= 1 << (i % 64);
+                stack.push((d, v));
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn the_checker_rejects_a_stale_read() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let ev = |op, out, c, r| Event { key: 0, op, out, call: at(c), ret: Some(at(r)) };
+    let good = vec![ev(Op::Put(1), Out::Ok, 0, 10), ev(Op::Get, Out::Value(Some(1)), 20, 30)];
+    assert!(linearizable(&good));
+    let stale =
+        vec![ev(Op::Put(1), Out::Ok, 0, 10), ev(Op::Put(2), Out::Ok, 20, 30), ev(Op::Get, Out::Value(Some(1)), 40, 50)];
+    assert!(!linearizable(&stale));
+    let lost_unknown_ok = vec![
+        Event { key: 0, op: Op::Put(1), out: Out::Unknown, call: at(0), ret: None },
+        ev(Op::Get, Out::Value(None), 5, 8),
+        ev(Op::Get, Out::Value(Some(1)), 20, 30),
+    ];
+    assert!(linearizable(&lost_unknown_ok));
+    let bad_cas = vec![ev(Op::Put(1), Out::Ok, 0, 10), ev(Op::Cas(2, 3), Out::Swapped(true), 20, 30)];
+    assert!(!linearizable(&bad_cas));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn histories_under_partitions_are_linearizable() {
+    let seed: u64 = std::env::var("KEEL_PARTITION_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let secs: u64 = std::env::var("KEEL_PARTITION_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    eprintln!("partition test seed {seed} ({secs} s); replay with KEEL_PARTITION_SEED={seed}");
+    let dir = tempfile::tempdir().unwrap();
+    let pid = std::process::id();
+    let ip = format!("127.50.{}.{}", (pid >> 8) as u8, (pid as u8).max(2));
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        servers.push(Server::start(config(dir.path(), &ip, i)).await.unwrap());
+    }
+    let ids: Vec<u64> = servers.iter().map(|s| s.node.id).collect();
+    let history: Arc<Mutex<Vec<Event>>> = Arc::new(Mutex::new(Vec::new()));
+    let keys = 12usize;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(1));
+
+    let mut tasks = Vec::new();
+    for c in 0..6u64 {
+        let url = format!("http://{ip}:{}", 23890 + (c % 3));
+        let history = Arc::clone(&history);
+        let counter = Arc::clone(&counter);
+        tasks.push(tokio::spawn(async move {
+            let opts =
+                ConnectOptions::new().with_timeout(Duration::from_secs(4)).with_connect_timeout(Duration::from_secs(1));
+            let mut client = loop {
+                if let Ok(c) = Client::connect([url.as_str()], Some(opts.clone())).await {
+                    break c;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (c << 32));
+            let mut last_seen: BTreeMap<usize, u64> = BTreeMap::new();
+            while Instant::now() < deadline {
+                let key = rng.gen_range(0..keys);
+                let k = format!("key{key}");
+                let call = Instant::now();
+                let (op, out) = match rng.gen_range(0..3) {
+                    0 => {
+                        let v = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let out = match client.put(k.as_str(), v.to_string(), None).await {
+                            Ok(_) => Out::Ok,
+                            Err(_) => Out::Unknown,
+                        };
+                        (Op::Put(v), out)
+                    }
+                    1 => {
+                        let out = match client.get(k.as_str(), None).await {
+                            Ok(r) => {
+                                let v = r
+                                    .kvs()
+                                    .first()
+                                    .map(|kv| std::str::from_utf8(kv.value()).unwrap().parse::<u64>().unwrap());
+                                if let Some(v) = v {
+                                    last_seen.insert(key, v);
+                                }
+                                Out::Value(v)
+                            }
+                            Err(_) => Out::Unknown,
+                        };
+                        (Op::Get, out)
+                    }
+                    _ => {
+                        let exp = last_seen.get(&key).copied().unwrap_or(0);
+                        let new = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let txn = Txn::new()
+                            .when([Compare::value(k.as_str(), CompareOp::Equal, exp.to_string())])
+                            .and_then([TxnOp::put(k.as_str(), new.to_string(), None)]);
+                        let out = match client.txn(txn).await {
+                            Ok(r) => Out::Swapped(r.succeeded()),
+                            Err(_) => Out::Unknown,
+                        };
+                        (Op::Cas(exp, new), out)
+                    }
+                };
+                let ret = (out != Out::Unknown).then(Instant::now);
+                history.lock().push(Event { key, op, out, call, ret });
+            }
+        }));
+    }
+
+    // Nemesis: isolate one member (every link in both directions), heal, repeat.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut cuts = 0;
+    while Instant::now() + Duration::from_millis(1500) < deadline {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(300..900))).await;
+        let victim = ids[rng.gen_range(0..3)];
+        for &other in &ids {
+            if other != victim {
+                faults::set_cut(victim, other, true);
+                faults::set_cut(other, victim, true);
+            }
+        }
+        cuts += 1;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(400..1500))).await;
+        faults::heal_all();
+    }
+    faults::heal_all();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Final linearizable reads of every key through every member are part of the history.
+    for m in 0..3 {
+        let mut client = Client::connect([format!("http://{ip}:{}", 23890 + m)], None).await.unwrap();
+        for key in 0..keys {
+            let call = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(10), client.get(format!("key{key}"), None))
+                .await
+                .unwrap()
+                .unwrap();
+            let v = r.kvs().first().map(|kv| std::str::from_utf8(kv.value()).unwrap().parse::<u64>().unwrap());
+            history.lock().push(Event { key, op: Op::Get, out: Out::Value(v), call, ret: Some(Instant::now()) });
+        }
+    }
+    let history = history.lock().clone();
+    let ok = history.iter().filter(|e| e.ret.is_some()).count();
+    eprintln!("seed {seed}: {} operations ({ok} answered), {cuts} partitions", history.len());
+    assert!(cuts >= 3, "the nemesis must have cut links");
+    assert!(ok > 50, "too few operations completed: {ok}");
+    let check_start = Instant::now();
+    for key in 0..keys {
+        let events: Vec<Event> = history.iter().filter(|e| e.key == key).cloned().collect();
+        assert!(linearizable(&events), "seed {seed}: key{key} history is not linearizable ({} events)", events.len());
+    }
+    eprintln!("checked in {:?}", check_start.elapsed());
+    for s in servers {
+        s.stop().await;
+    }
+}
