@@ -152,6 +152,24 @@ impl Node {
                 TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
             tokio::spawn(accept_peers(listener, Arc::clone(&node)));
         }
+        // A storage error stops Raft on this member for good: say so, once.
+        let watch = Arc::clone(&node);
+        tokio::spawn(async move {
+            let mut rx = watch.raft.metrics();
+            loop {
+                if let Err(e) = &rx.borrow_watched().running_state {
+                    eprintln!("keel: raft stopped on member {:x}: {e}", watch.id);
+                    return;
+                }
+                let changed = tokio::select! {
+                    c = rx.changed() => c.is_ok(),
+                    _ = watch.stopped() => false,
+                };
+                if !changed {
+                    return;
+                }
+            }
+        });
         if !existed && !node.config.join_existing {
             let members = node.config.initial_members();
             // A second member's initialize fails harmlessly once the log has the first's entry.

@@ -54,6 +54,9 @@ pub struct Progress {
 /// State shared by the state machine, its snapshot builders and the API's readers.
 pub struct Shared {
     pub db: Database,
+    /// `KEEL_APPLY_TRACE` set: one line per applied entry (index, term, leader, digest of the
+    /// request, revision after), so members' applies can be compared after a fault run.
+    trace: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
     dir: PathBuf,
     pub progress: Mutex<Progress>,
     /// The applied log index, for readers waiting on a read index.
@@ -156,8 +159,14 @@ impl StateMachine {
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
         std::fs::create_dir_all(dir.join("snap"))?;
+        let trace = match std::env::var_os("KEEL_APPLY_TRACE") {
+            Some(_) => Some(Mutex::new(std::io::BufWriter::new(
+                std::fs::OpenOptions::new().create(true).append(true).open(dir.join("apply.trace"))?,
+            ))),
+            None => None,
+        };
         let sm = StateMachine {
-            shared: Arc::new(Shared { db, dir: dir.to_path_buf(), progress: Mutex::new(progress), applied_tx }),
+            shared: Arc::new(Shared { db, trace, dir: dir.to_path_buf(), progress: Mutex::new(progress), applied_tx }),
         };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
@@ -250,6 +259,25 @@ impl StateMachine {
             // Frees history below the compacted revision (etcd's compaction).
             let _ = db.retain_history_since(ts);
         }
+        if let Some(t) = &self.shared.trace {
+            use std::io::Write;
+            let digest = match payload {
+                openraft::EntryPayload::Normal(r) => xxhash_rust::xxh3::xxh3_64(&r.body),
+                _ => 0,
+            };
+            let resp = match &response {
+                Response::Ok(b) => xxhash_rust::xxh3::xxh3_64(b),
+                Response::Err(_) => 1,
+            };
+            let rev = self.shared.progress.lock().revision;
+            let mut t = t.lock();
+            let _ = writeln!(
+                t,
+                "{} {} {} {digest:x} {resp:x} {rev}",
+                log_id.index, log_id.leader_id.term, log_id.leader_id.node_id
+            );
+            let _ = t.flush();
+        }
         self.shared.applied_tx.send_replace(log_id.index);
         Ok(response)
     }
@@ -266,6 +294,12 @@ impl StateMachine {
         }
         let applied = progress.applied.map_or(0, |a| a.index);
         *self.shared.progress.lock() = progress;
+        if let Some(t) = &self.shared.trace {
+            use std::io::Write;
+            let mut t = t.lock();
+            let _ = writeln!(t, "install {applied} {:?}", meta.last_log_id);
+            let _ = t.flush();
+        }
         self.shared.applied_tx.send_replace(applied);
         Ok(())
     }
