@@ -129,6 +129,12 @@ impl Node {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_count),
             max_in_snapshot_log_to_keep: 1000,
             install_snapshot_timeout: 60_000,
+            // A leader restarted after kill -9 must not resume leadership from its persisted
+            // vote: its committed id is saved lazily and its state machine is relaxed, so it
+            // could serve linearizable reads from a state older than acknowledged writes
+            // (openraft documents exactly this; our 200-round fault run hit it). An election
+            // teaches it the commit point first.
+            enable_leader_restore: Some(false),
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
