@@ -333,7 +333,7 @@ impl PbMaintenanceService for Api {
             let at = if rev > 0 { rev } else { current };
             let compact = sm.progress.lock().compact_revision;
             let all = mvcc::KeySpan::new(b"\0", b"\0").read(&mut txn)?;
-            let mut h = crc32c_fold();
+            let mut h = Fold::new();
             for (k, r) in all.iter().filter(|(_, r)| r.mod_revision <= at) {
                 h.update(k);
                 h.update(&r.encode());
@@ -383,20 +383,20 @@ impl PbMaintenanceService for Api {
     }
 }
 
-/// FNV-style fold to 32 bits (etcd's hashes are 32-bit).
+/// FNV-1a folded to 32 bits (etcd's hashes are 32-bit).
 fn fold_digest(s: &str) -> u32 {
-    let mut h = crc32c_fold();
+    let mut h = Fold::new();
     h.update(s.as_bytes());
     h.finish()
 }
 
 struct Fold(u64);
 
-fn crc32c_fold() -> Fold {
-    Fold(0xcbf2_9ce4_8422_2325)
-}
-
 impl Fold {
+    fn new() -> Fold {
+        Fold(0xcbf2_9ce4_8422_2325)
+    }
+
     fn update(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);

@@ -120,12 +120,6 @@ impl LogStore {
         )?;
         rx.await.map_err(|_| io::Error::other("raft log writer stopped"))?
     }
-
-    /// The last index present (or purged), for status reports.
-    pub fn last_index(&self) -> Option<u64> {
-        let m = self.mirror.lock();
-        m.entries.keys().next_back().copied().or(m.purged.map(|p| p.index))
-    }
 }
 
 fn index_of(key: &[u8]) -> io::Result<u64> {

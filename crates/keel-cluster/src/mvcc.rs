@@ -351,9 +351,8 @@ impl Writer<'_> {
     }
 }
 
-/// etcd's compare: every key in the span must satisfy it; a missing key compares with zero
-/// revisions and version, and fails any value or lease compare... except that etcd compares a
-/// missing single key's version/revisions as 0.
+/// etcd's compare: every key in the span must satisfy it. A span with no key compares as one
+/// missing key: version, revisions and lease 0, and any value compare fails.
 fn compare(view: &mut impl View, c: &PbCompare) -> Result<bool, ApplyError> {
     let span = KeySpan::new(&c.key, &c.range_end);
     let rows = span.read(view)?;
@@ -377,11 +376,7 @@ fn compare(view: &mut impl View, c: &PbCompare) -> Result<bool, ApplyError> {
         })
     };
     if rows.is_empty() {
-        return match span {
-            KeySpan::One(_) => check(None),
-            // A range compare over no keys holds vacuously in etcd only for non-value targets.
-            KeySpan::Range(..) => check(None),
-        };
+        return check(None);
     }
     for (_, r) in &rows {
         if !check(Some(r))? {

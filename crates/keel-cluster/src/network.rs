@@ -8,7 +8,6 @@
 //! keeps one per target) owns one connection and reuses it; requests on it are answered in
 //! order, so appends to one follower are pipelined over one socket.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -375,6 +374,3 @@ where
 pub trait PeerHandler: Send + Sync + 'static {
     fn handle(&self, from: u64, req: PeerRequest) -> impl Future<Output = PeerResponse> + Send;
 }
-
-/// Members as Raft's membership lists them: (id, member, is voter).
-pub type MemberList = BTreeMap<u64, (Member, bool)>;

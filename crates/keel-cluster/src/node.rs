@@ -349,6 +349,10 @@ impl Node {
         }
     }
 
+    async fn change_membership(&self, change: ChangeMembers<u64, Member>) -> Result<(), String> {
+        self.raft.change_membership(change, false).await.map(|_| ()).map_err(|e| e.to_string())
+    }
+
     async fn handle_admin(&self, req: &AdminRequest) -> PeerResponse {
         let result = match req {
             AdminRequest::AddMember { id, member, learner } => {
@@ -358,30 +362,15 @@ impl Node {
                 match self.raft.add_learner(*id, member.clone(), false).await {
                     Err(e) => Err(e.to_string()),
                     Ok(_) if *learner => Ok(()),
-                    Ok(_) => self
-                        .raft
-                        .change_membership(ChangeMembers::AddVoterIds([*id].into()), false)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
+                    Ok(_) => self.change_membership(ChangeMembers::AddVoterIds([*id].into())).await,
                 }
             }
             AdminRequest::RemoveMember { id } => {
                 let members = self.members();
                 match members.iter().find(|(i, _, _)| i == id) {
                     None => return PeerResponse::Error("etcdserver: member not found".into()),
-                    Some((_, _, true)) => self
-                        .raft
-                        .change_membership(ChangeMembers::RemoveVoters([*id].into()), false)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Some((_, _, false)) => self
-                        .raft
-                        .change_membership(ChangeMembers::RemoveNodes([*id].into()), false)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
+                    Some((_, _, true)) => self.change_membership(ChangeMembers::RemoveVoters([*id].into())).await,
+                    Some((_, _, false)) => self.change_membership(ChangeMembers::RemoveNodes([*id].into())).await,
                 }
             }
             AdminRequest::PromoteMember { id } => match self.members().iter().find(|(i, _, _)| i == id) {
@@ -389,12 +378,7 @@ impl Node {
                 Some((_, _, true)) => {
                     return PeerResponse::Error("etcdserver: can only promote a learner member".into())
                 }
-                Some(_) => self
-                    .raft
-                    .change_membership(ChangeMembers::AddVoterIds([*id].into()), false)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
+                Some(_) => self.change_membership(ChangeMembers::AddVoterIds([*id].into())).await,
             },
         };
         match result {
