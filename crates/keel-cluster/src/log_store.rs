@@ -54,6 +54,9 @@ struct Job {
 pub struct LogStore {
     mirror: Arc<Mutex<Mirror>>,
     jobs: mpsc::Sender<Job>,
+    /// The newest committed id not yet written: it rides along with the next log write
+    /// instead of costing an fdatasync of its own.
+    pending_committed: Arc<Mutex<Option<LogId>>>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
@@ -101,8 +104,13 @@ impl LogStore {
         }
         check_contiguous(&mirror)?;
         let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new().name("keel-raft-log".into()).spawn(move || writer(db, rx))?;
-        Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), jobs: tx })
+        let pending_committed = Arc::new(Mutex::new(None));
+        let pending = Arc::clone(&pending_committed);
+        let last_written = mirror.entries.keys().next_back().copied().or(mirror.purged.map(|p| p.index));
+        std::thread::Builder::new()
+            .name("keel-raft-log".into())
+            .spawn(move || writer(db, rx, pending, last_written))?;
+        Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), jobs: tx, pending_committed })
     }
 
     fn submit(&self, ops: Vec<Op>, done: Box<dyn FnOnce(io::Result<()>) + Send>) -> io::Result<()> {
@@ -141,7 +149,12 @@ fn check_contiguous(m: &Mirror) -> io::Result<()> {
 }
 
 /// The writer thread: all waiting jobs become one sync commit, then their callbacks run.
-fn writer(db: Database, rx: mpsc::Receiver<Job>) {
+fn writer(
+    db: Database,
+    rx: mpsc::Receiver<Job>,
+    pending_committed: Arc<Mutex<Option<LogId>>>,
+    mut last_written: Option<u64>,
+) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -150,7 +163,23 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>) {
                 break;
             }
         }
-        let result = commit_jobs(&db, &jobs);
+        for op in jobs.iter().flat_map(|j| j.ops.iter()) {
+            if let Op::Put(key, _, LOG) = op {
+                let index = index_of(key).ok();
+                last_written = last_written.max(index);
+            }
+        }
+        // The committed id rides along only once its entry is in this commit or an earlier
+        // one: never durable ahead of the entries it covers (entries below a committed id are
+        // never truncated, so the highest index ever written bounds them).
+        let committed = {
+            let mut pending = pending_committed.lock();
+            match *pending {
+                Some(c) if committed_is_covered(c.index, last_written) => pending.take(),
+                _ => None,
+            }
+        };
+        let result = commit_jobs(&db, &jobs, committed.map(|c| encode(&c)).transpose().ok().flatten());
         for job in jobs {
             (job.done)(result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
         }
@@ -163,8 +192,16 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>) {
     let _ = db.close();
 }
 
-fn commit_jobs(db: &Database, jobs: &[Job]) -> io::Result<()> {
+/// Whether a committed id may be written once entries up to `last_written` are in the log.
+fn committed_is_covered(committed: u64, last_written: Option<u64>) -> bool {
+    last_written.is_some_and(|l| committed <= l)
+}
+
+fn commit_jobs(db: &Database, jobs: &[Job], committed: Option<Vec<u8>>) -> io::Result<()> {
     let mut txn = db.begin_write().map_err(io_err)?;
+    if let Some(bytes) = committed {
+        txn.put(RAFT, COMMITTED_KEY, &bytes).map_err(io_err)?;
+    }
     for op in jobs.iter().flat_map(|j| j.ops.iter()) {
         match op {
             Op::Put(key, value, table) => txn.put(table, key, value).map_err(io_err)?,
@@ -230,11 +267,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        // Written with the next log write (not awaited): a stale committed id after a crash is
-        // only a lower bound, which is all openraft takes it for.
+        // Written with the next log write (append, vote, purge), never on its own: a stale
+        // committed id after a crash is only a lower bound, which is all openraft takes it for,
+        // and a write of its own would cost every commit a second fdatasync that the next
+        // append must queue behind.
         if let Some(c) = committed {
-            let bytes = encode(&c)?;
-            self.submit(vec![Op::Put(COMMITTED_KEY.to_vec(), bytes, RAFT)], Box::new(|_| {}))?;
+            *self.pending_committed.lock() = Some(c);
             self.mirror.lock().committed = Some(c);
         }
         Ok(())
@@ -291,5 +329,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // The purge point is written in the same commit as the deletions, so a crash leaves
         // either both or neither: never a log that starts after its recorded purge point + 1.
         self.write_durably(ops).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_committed_id_waits_for_its_entry() {
+        assert!(!committed_is_covered(5, None));
+        assert!(!committed_is_covered(5, Some(4)));
+        assert!(committed_is_covered(5, Some(5)));
+        assert!(committed_is_covered(5, Some(9)));
     }
 }
