@@ -96,6 +96,42 @@ pub enum PeerRequest {
     Admin(AdminRequest),
 }
 
+/// Asked by a member joining with `--initial-cluster-state existing` and no data yet, on a
+/// connection whose hello has cluster id, from and to all zero: which cluster and member id
+/// belong to these peer URLs (the member was added with `member add` first, as in etcd).
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Discover {
+    pub peer_urls: Vec<String>,
+}
+
+/// The answer to [`Discover`].
+#[derive(Serialize, Deserialize, Debug)]
+pub enum Discovered {
+    Member {
+        cluster_id: u64,
+        member_id: u64,
+    },
+    /// No member has these peer URLs (the text says what to do).
+    Unknown(String),
+}
+
+/// A discovery request is small; a larger first frame is not one.
+const MAX_DISCOVER_FRAME: usize = 64 * 1024;
+
+/// Asks the member at `addr` (host:port) which cluster and member id `peer_urls` belong to.
+pub async fn discover(addr: &str, peer_urls: &[String], timeout: Duration) -> io::Result<Discovered> {
+    let ask = async {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (r, w) = stream.into_split();
+        let (mut r, mut w) = (BufReader::new(r), BufWriter::new(w));
+        write_frame(&mut w, &Hello { magic: MAGIC, cluster_id: 0, from: 0, to: 0 }).await?;
+        write_frame(&mut w, &Discover { peer_urls: peer_urls.to_vec() }).await?;
+        read_frame_limited(&mut r, MAX_DISCOVER_FRAME).await
+    };
+    tokio::time::timeout(timeout, ask).await.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer"))?
+}
+
 /// Cluster administration that only the leader can carry out.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub enum AdminRequest {
@@ -344,6 +380,14 @@ where
     let hello: Hello = tokio::time::timeout(Duration::from_secs(10), read_frame_limited(&mut r, 64))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    if hello.magic == MAGIC && hello.cluster_id == 0 && hello.from == 0 && hello.to == 0 {
+        let ask: Discover =
+            tokio::time::timeout(Duration::from_secs(10), read_frame_limited(&mut r, MAX_DISCOVER_FRAME))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no discovery request"))??;
+        let answer = handler.discover(&ask.peer_urls);
+        return write_frame(&mut w, &answer).await;
+    }
     if hello.magic != MAGIC || hello.cluster_id != cluster_id || hello.to != me {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -373,4 +417,6 @@ where
 /// What serves peer requests (the node).
 pub trait PeerHandler: Send + Sync + 'static {
     fn handle(&self, from: u64, req: PeerRequest) -> impl Future<Output = PeerResponse> + Send;
+    /// Answers a joining member's [`Discover`] from this member's view of the membership.
+    fn discover(&self, peer_urls: &[String]) -> Discovered;
 }

@@ -96,6 +96,76 @@ fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Re
     }
 }
 
+/// The cluster and member id a data directory's identity file records, if it has one.
+fn read_identity(dir: &Path) -> Result<Option<(u64, u64, String)>, ConfigError> {
+    let found = match std::fs::read_to_string(dir.join(IDENTITY)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_cfg(dir, e)),
+    };
+    let bad = || ConfigError::ForeignDataDir {
+        dir: dir.display().to_string(),
+        found: found.trim().to_string(),
+        expected: "cluster <hex> member <hex> (<name>)".into(),
+    };
+    let mut words = found.trim().splitn(5, ' ');
+    let (Some("cluster"), Some(cid), Some("member"), Some(mid), Some(name)) =
+        (words.next(), words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err(bad());
+    };
+    let cid = u64::from_str_radix(cid, 16).map_err(|_| bad())?;
+    let mid = u64::from_str_radix(mid, 16).map_err(|_| bad())?;
+    let name = name.strip_prefix('(').and_then(|n| n.strip_suffix(')')).ok_or_else(bad)?;
+    Ok(Some((cid, mid, name.to_string())))
+}
+
+/// Which cluster and member this start is: from the flags for a new cluster; for a member
+/// joining with `--initial-cluster-state existing`, from its data directory if it has one
+/// (the directory wins over the flags, as in etcd) or else from a running member, which knows
+/// the id `member add` gave these peer URLs.
+async fn resolve_identity(config: &ServeConfig, member_dir: &Path) -> Result<(u64, u64), StartError> {
+    if !config.join_existing {
+        return Ok((config.cluster_id(), config.member_id()));
+    }
+    if let Some((cid, mid, name)) = read_identity(member_dir)? {
+        if name != config.name {
+            return Err(ConfigError::ForeignDataDir {
+                dir: member_dir.display().to_string(),
+                found: format!("member {name:?}"),
+                expected: format!("member {:?}", config.name),
+            }
+            .into());
+        }
+        return Ok((cid, mid));
+    }
+    let mine = &config.initial_advertise_peer_urls;
+    let others: Vec<String> = config
+        .initial_cluster
+        .iter()
+        .filter(|(name, _)| **name != config.name)
+        .flat_map(|(_, urls)| urls.iter().map(|u| network::url_addr(u)))
+        .collect();
+    if others.is_empty() {
+        return Err(StartError::Join("--initial-cluster names no other member to join".into()));
+    }
+    let deadline = tokio::time::Instant::now() + config.election_timeout * 30;
+    let mut last = String::new();
+    while tokio::time::Instant::now() < deadline {
+        for addr in &others {
+            match network::discover(addr, mine, config.election_timeout * 2).await {
+                Ok(network::Discovered::Member { cluster_id, member_id }) => return Ok((cluster_id, member_id)),
+                // A member that answers but does not know us: `member add` was not run (or
+                // this member's membership view is old); another member may know better.
+                Ok(network::Discovered::Unknown(why)) => last = format!("{addr}: {why}"),
+                Err(e) => last = format!("{addr}: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(StartError::Join(format!("no member of the cluster knows peer URLs {mine:?} (last answer: {last})")))
+}
+
 /// Errors starting a member.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -105,6 +175,8 @@ pub enum StartError {
     Raft(String),
     #[error("cannot listen on {url}: {source}")]
     Listen { url: String, source: std::io::Error },
+    #[error("cannot join the cluster: {0}")]
+    Join(String),
 }
 
 impl Node {
@@ -113,9 +185,8 @@ impl Node {
     /// accepts the first and the rest find the log no longer empty).
     pub async fn start(config: ServeConfig) -> Result<Arc<Node>, StartError> {
         config.validate()?;
-        let id = config.member_id();
-        let cluster_id = config.cluster_id();
         let member_dir: PathBuf = config.data_dir.join("member");
+        let (cluster_id, id) = resolve_identity(&config, &member_dir).await?;
         let existed = claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
         let log = LogStore::open(&member_dir.join("raft")).map_err(|e| io_cfg(&member_dir, e))?;
         let sm = StateMachine::open(&member_dir.join("sm")).map_err(|e| io_cfg(&member_dir, e))?;
@@ -390,6 +461,21 @@ impl Node {
 }
 
 impl PeerHandler for Node {
+    fn discover(&self, peer_urls: &[String]) -> network::Discovered {
+        let mut wanted = peer_urls.to_vec();
+        wanted.sort();
+        for (id, member, _) in self.members() {
+            let mut urls = member.peer_urls.clone();
+            urls.sort();
+            if urls == wanted {
+                return network::Discovered::Member { cluster_id: self.cluster_id, member_id: id };
+            }
+        }
+        network::Discovered::Unknown(format!(
+            "no member has peer URLs {peer_urls:?}; add it first (etcdctl member add / keel cluster add)"
+        ))
+    }
+
     async fn handle(&self, _from: u64, req: PeerRequest) -> PeerResponse {
         let fatal = |e: String| PeerResponse::Error(e);
         match req {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use keel_cluster::{ServeConfig, Server};
+use openraft::async_runtime::WatchReceiver;
 
 /// A loopback address of this test's own (127.x.y.z, distinct per test and process), so fixed
 /// ports never collide with other tests or a running etcd.
@@ -257,6 +258,86 @@ async fn bad_input_from_clients_and_peers_gets_errors_and_changes_nothing() {
     let after = c.get("a", None).await.unwrap();
     assert_eq!(after.header().unwrap().revision(), rev);
     assert_eq!(c.put("b", "2", None).await.unwrap().header().unwrap().revision(), rev + 1);
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
+
+/// etcd's way to grow a cluster: `member add` on the running cluster, then the new member starts
+/// with `--initial-cluster-state existing`, learns its ids from a running member, catches up
+/// (from a snapshot: the log behind it is purged) and serves; restarted with the same flags it
+/// keeps its identity. A member nobody added is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_added_with_member_add_joins_with_state_existing_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = base_ip(4);
+    let names = ["n1", "n2", "n3", "n4"];
+    let url = |i: usize| format!("http://{ip}:{}", 23790 + i);
+    let mut servers: Vec<Option<Server>> = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(start_retrying(config(dir.path(), &ip, &names[..3], i)).await));
+    }
+    wait_leader(&servers).await;
+    let mut c = client(&url(0)).await;
+    // More entries than the log keeps behind a snapshot (1,000), so the joiner needs one.
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let mut c = c.clone();
+        writers.spawn(async move {
+            for k in (w..1200).step_by(8) {
+                c.put(format!("k{k:04}"), "v", None).await.unwrap();
+            }
+        });
+    }
+    while let Some(r) = writers.join_next().await {
+        r.unwrap();
+    }
+
+    // Not added yet: refused, naming what to do, and nothing is written to its directory.
+    let mut joiner = config(dir.path(), &ip, &names, 3);
+    joiner.join_existing = true;
+    joiner.election_timeout = Duration::from_millis(100);
+    joiner.heartbeat_interval = Duration::from_millis(20);
+    let err = Server::start(joiner.clone()).await.err().expect("an unknown member must be refused");
+    assert!(err.to_string().contains("add it first"), "{err}");
+    assert!(!joiner.data_dir.join("member").join("identity").exists());
+    joiner.election_timeout = Duration::from_millis(400);
+    joiner.heartbeat_interval = Duration::from_millis(50);
+
+    let peer4 = format!("http://{ip}:{}", 23803);
+    let added = c.member_add([peer4.clone()], None).await.unwrap();
+    let new_id = added.member().unwrap().id();
+    let s4 = start_retrying(joiner.clone()).await;
+    assert_eq!(s4.node.id, new_id, "the joiner takes the id member add gave its peer URLs");
+    servers.push(Some(s4));
+
+    // It serves everything written before it joined, and what is written after.
+    c.put("after", "1", None).await.unwrap();
+    let mut c4 = client(&url(3)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = c4.get("k", Some(GetOptions::new().with_prefix().with_count_only())).await;
+        if got.as_ref().is_ok_and(|g| g.count() == 1200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new member did not catch up: {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c4.get("after", None).await.unwrap().kvs()[0].value(), b"1");
+    let joined = servers[3].as_ref().unwrap().node.raft.metrics().borrow_watched().clone();
+    assert!(joined.snapshot.is_some(), "the joiner caught up from a snapshot: {joined:?}");
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 4);
+    assert!(members.members().iter().any(|m| m.id() == new_id && m.name() == "n4"));
+
+    // Restarted with the same flags (state existing), it is the same member.
+    servers[3].take().unwrap().stop().await;
+    let s4 = start_retrying(joiner).await;
+    assert_eq!(s4.node.id, new_id);
+    servers[3] = Some(s4);
+    c.put("after-restart", "2", None).await.unwrap();
+    let mut c4 = client(&url(3)).await;
+    assert_eq!(c4.get("after-restart", None).await.unwrap().kvs()[0].value(), b"2");
     for s in servers.into_iter().flatten() {
         s.stop().await;
     }
