@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_cluster::config::parse_initial_cluster;
-use keel_cluster::ServeConfig;
+use keel_cluster::{ServeConfig, TlsFiles};
 
 use crate::Failure;
 
@@ -53,6 +53,32 @@ pub struct ServeCommand {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
+    /// Path to the client server TLS cert file (PEM); used by https client URLs.
+    #[arg(long)]
+    cert_file: Option<PathBuf>,
+    /// Path to the client server TLS key file (PEM).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Path to the client server TLS trusted CA cert file (PEM), for --client-cert-auth.
+    #[arg(long)]
+    trusted_ca_file: Option<PathBuf>,
+    /// Refuse clients without a certificate signed by --trusted-ca-file (https URLs only).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true")]
+    client_cert_auth: bool,
+    /// Path to the peer TLS cert file (PEM): served on https peer URLs and presented when
+    /// dialling other members.
+    #[arg(long)]
+    peer_cert_file: Option<PathBuf>,
+    /// Path to the peer TLS key file (PEM).
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// Path to the peer TLS trusted CA file (PEM): other members' certificates must be
+    /// signed by it.
+    #[arg(long)]
+    peer_trusted_ca_file: Option<PathBuf>,
+    /// Refuse peers without a certificate signed by --peer-trusted-ca-file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true")]
+    peer_client_cert_auth: bool,
     /// Accepted for etcd scripts: `debug` and `info` print member events, `warn` and
     /// `error` only problems (KeelDB logs little either way).
     #[arg(long, default_value = "info", value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
@@ -84,6 +110,18 @@ impl ServeCommand {
             election_timeout: Duration::from_millis(self.election_timeout),
             snapshot_count: self.snapshot_count.max(1),
             max_request_bytes: self.max_request_bytes,
+            client_tls: TlsFiles {
+                cert_file: self.cert_file,
+                key_file: self.key_file,
+                trusted_ca_file: self.trusted_ca_file,
+                client_cert_auth: self.client_cert_auth,
+            },
+            peer_tls: TlsFiles {
+                cert_file: self.peer_cert_file,
+                key_file: self.peer_key_file,
+                trusted_ca_file: self.peer_trusted_ca_file,
+                client_cert_auth: self.peer_client_cert_auth,
+            },
             name: self.name,
         };
         config.validate().map_err(Failure::usage)?;

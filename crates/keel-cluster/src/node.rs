@@ -17,10 +17,11 @@ use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 
-use crate::config::{ConfigError, ServeConfig};
+use crate::config::{is_https, ConfigError, ServeConfig};
 use crate::log_store::LogStore;
 use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
 use crate::state_machine::{Shared, StateMachine};
+use crate::tls::PeerTls;
 use crate::types::{Member, Raft, Request, Response};
 
 /// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
@@ -55,6 +56,8 @@ pub struct Node {
     /// at a time; concurrent requests open more).
     peers: Mutex<BTreeMap<u64, Vec<PeerClient>>>,
     request_timeout: Duration,
+    /// TLS for peer links (empty when no `--peer-cert-file` is given).
+    peer_tls: PeerTls,
     /// Set once when the member stops; listeners and connections end on it.
     pub stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -113,6 +116,8 @@ impl Node {
     /// accepts the first and the rest find the log no longer empty).
     pub async fn start(config: ServeConfig) -> Result<Arc<Node>, StartError> {
         config.validate()?;
+        // Certificate files are read before anything on disk is touched.
+        let peer_tls = PeerTls::load(&config.peer_tls)?;
         let id = config.member_id();
         let cluster_id = config.cluster_id();
         let member_dir: PathBuf = config.data_dir.join("member");
@@ -138,7 +143,7 @@ impl Node {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
-        let network = Network { cluster_id, me: id };
+        let network = Network { cluster_id, me: id, tls: peer_tls.clone() };
         let raft =
             Raft::new(id, raft_config, network, log.clone(), sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
         let node = Arc::new(Node {
@@ -150,13 +155,14 @@ impl Node {
             sm: shared,
             log,
             peers: Mutex::new(BTreeMap::new()),
+            peer_tls,
             stopping: tokio::sync::watch::channel(false).0,
         });
         for url in &node.config.listen_peer_urls {
             let addr = network::url_addr(url);
             let listener =
                 TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
-            tokio::spawn(accept_peers(listener, Arc::clone(&node)));
+            tokio::spawn(accept_peers(listener, Arc::clone(&node), is_https(url)));
         }
         // A storage error stops Raft on this member for good: say so, once.
         let watch = Arc::clone(&node);
@@ -221,7 +227,7 @@ impl Node {
             return Some(c);
         }
         let member = self.members().into_iter().find(|(i, _, _)| *i == id)?.1;
-        Some(PeerClient::new(self.cluster_id, self.id, id, &member))
+        Some(PeerClient::new(self.cluster_id, self.id, id, &member, self.peer_tls.clone()))
     }
 
     fn put_peer(&self, id: u64, client: PeerClient) {
@@ -426,7 +432,7 @@ impl PeerHandler for Node {
     }
 }
 
-async fn accept_peers(listener: TcpListener, node: Arc<Node>) {
+async fn accept_peers(listener: TcpListener, node: Arc<Node>, https: bool) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -439,7 +445,10 @@ async fn accept_peers(listener: TcpListener, node: Arc<Node>) {
                     let (cluster_id, me) = (node.cluster_id, node.id);
                     let stop = Arc::clone(&node);
                     let served = tokio::select! {
-                        r = network::serve_peer(stream, cluster_id, me, node) => r,
+                        r = async {
+                            let stream = node.peer_tls.accept(stream, https).await?;
+                            network::serve_peer(stream, cluster_id, me, node).await
+                        } => r,
                         _ = stop.stopped() => Ok(()),
                     };
                     if let Err(e) = served {
