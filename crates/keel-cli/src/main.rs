@@ -100,7 +100,7 @@ enum Command {
     /// Run a cluster member serving etcd's v3 gRPC API (etcd's member flags, same names).
     ///
     /// With no flags: a one-member cluster in ./default.keel, clients on 127.0.0.1:2379.
-    Serve(serve::ServeCommand),
+    Serve(Box<serve::ServeCommand>),
     /// Inspect and change cluster membership through a member's client URL.
     Cluster(serve::ClusterCommand),
     /// The benchmark's helper process (recovery and scale suites); not for direct use.
@@ -233,7 +233,7 @@ fn run(command: Command) -> Result<u8, Failure> {
             keel_bench::child_main(&spec).map_err(Failure::runtime)?;
             Ok(0)
         }
-        Command::Serve(cmd) => serve::serve(cmd),
+        Command::Serve(cmd) => serve::serve(*cmd),
         Command::Cluster(cmd) => serve::cluster(cmd),
         Command::Verify { path } => commands::verify(&path),
         Command::Stats { path } => commands::stats(&path).map(|()| 0),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_cluster::config::parse_initial_cluster;
-use keel_cluster::ServeConfig;
+use keel_cluster::{ServeConfig, TlsFiles};
 
 use crate::Failure;
 
@@ -53,6 +53,32 @@ pub struct ServeCommand {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
+    /// Path to the client server TLS cert file (PEM); used by https client URLs.
+    #[arg(long)]
+    cert_file: Option<PathBuf>,
+    /// Path to the client server TLS key file (PEM).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Path to the client server TLS trusted CA cert file (PEM), for --client-cert-auth.
+    #[arg(long)]
+    trusted_ca_file: Option<PathBuf>,
+    /// Refuse clients without a certificate signed by --trusted-ca-file (https URLs only).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true")]
+    client_cert_auth: bool,
+    /// Path to the peer TLS cert file (PEM): served on https peer URLs and presented when
+    /// dialling other members.
+    #[arg(long)]
+    peer_cert_file: Option<PathBuf>,
+    /// Path to the peer TLS key file (PEM).
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// Path to the peer TLS trusted CA file (PEM): other members' certificates must be
+    /// signed by it.
+    #[arg(long)]
+    peer_trusted_ca_file: Option<PathBuf>,
+    /// Refuse peers without a certificate signed by --peer-trusted-ca-file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true")]
+    peer_client_cert_auth: bool,
     /// Accepted for etcd scripts: `debug` and `info` print member events, `warn` and
     /// `error` only problems (KeelDB logs little either way).
     #[arg(long, default_value = "info", value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
@@ -84,6 +110,18 @@ impl ServeCommand {
             election_timeout: Duration::from_millis(self.election_timeout),
             snapshot_count: self.snapshot_count.max(1),
             max_request_bytes: self.max_request_bytes,
+            client_tls: TlsFiles {
+                cert_file: self.cert_file,
+                key_file: self.key_file,
+                trusted_ca_file: self.trusted_ca_file,
+                client_cert_auth: self.client_cert_auth,
+            },
+            peer_tls: TlsFiles {
+                cert_file: self.peer_cert_file,
+                key_file: self.peer_key_file,
+                trusted_ca_file: self.peer_trusted_ca_file,
+                client_cert_auth: self.peer_client_cert_auth,
+            },
             name: self.name,
         };
         config.validate().map_err(Failure::usage)?;
@@ -131,6 +169,15 @@ pub struct ClusterCommand {
     /// Client URLs of one or more members (comma-separated).
     #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',', global = true)]
     endpoints: Vec<String>,
+    /// CA file (PEM) that signs the members' client certificates; needed for https endpoints.
+    #[arg(long, global = true)]
+    cacert: Option<PathBuf>,
+    /// Client certificate (PEM) to present, for members with --client-cert-auth.
+    #[arg(long, global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Key (PEM) of --cert.
+    #[arg(long, global = true, requires = "cert")]
+    key: Option<PathBuf>,
     #[command(subcommand)]
     action: ClusterAction,
 }
@@ -165,17 +212,42 @@ fn parse_id(text: &str) -> Result<u64, Failure> {
         .map_err(|_| Failure::usage(anyhow::anyhow!("{text:?} is not a hex member id")))
 }
 
-async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, Failure> {
-    let opts = etcd_client::ConnectOptions::new()
+/// etcdctl's `--cacert`, `--cert`, `--key`, read into a TLS configuration (`None` without
+/// `--cacert`: https endpoints are then refused with a message, since no system roots are used).
+fn client_tls(cmd: &ClusterCommand) -> Result<Option<etcd_client::TlsOptions>, Failure> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| Failure::usage(anyhow::anyhow!("--{flag} {}: {e}", path.display())))
+    };
+    let Some(ca) = &cmd.cacert else {
+        if let Some(url) = cmd.endpoints.iter().find(|u| u.starts_with("https://")) {
+            return Err(Failure::usage(anyhow::anyhow!("the https endpoint {url} needs --cacert")));
+        }
+        return Ok(None);
+    };
+    let mut tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read("cacert", ca)?));
+    if let (Some(cert), Some(key)) = (&cmd.cert, &cmd.key) {
+        tls = tls.identity(etcd_client::Identity::from_pem(read("cert", cert)?, read("key", key)?));
+    }
+    Ok(Some(tls))
+}
+
+async fn connect(endpoints: &[String], tls: Option<&etcd_client::TlsOptions>) -> Result<etcd_client::Client, Failure> {
+    let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
         .with_timeout(Duration::from_secs(10));
+    if let Some(tls) = tls {
+        opts = opts.with_tls(tls.clone());
+    }
     etcd_client::Client::connect(endpoints, Some(opts)).await.map_err(Failure::runtime)
 }
 
 /// Runs one `keel cluster` action.
 pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
+    let tls = client_tls(&cmd)?;
+    let tls = tls.as_ref();
     runtime()?.block_on(async move {
-        let mut client = connect(&cmd.endpoints).await?;
+        let mut client = connect(&cmd.endpoints, tls).await?;
         match cmd.action {
             ClusterAction::Status => {
                 let members = client.member_list().await.map_err(Failure::runtime)?;
@@ -186,7 +258,7 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
                 for m in members.members() {
                     let mut row = format!("{:<16x}  {:<12}", m.id(), m.name());
                     let status = match m.client_urls().first() {
-                        Some(url) => match connect(std::slice::from_ref(url)).await {
+                        Some(url) => match connect(std::slice::from_ref(url), tls).await {
                             Ok(mut c) => c.status().await.ok(),
                             Err(_) => None,
                         },
@@ -240,7 +312,7 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
                     .find(|m| m.id() == status.leader())
                     .and_then(|m| m.client_urls().first().cloned());
                 let Some(url) = leader else { return Err(Failure::runtime(anyhow::anyhow!("no leader known"))) };
-                let mut lc = connect(&[url]).await?;
+                let mut lc = connect(&[url], tls).await?;
                 lc.move_leader(target).await.map_err(Failure::runtime)?;
                 println!("leadership moving to {id}");
                 Ok(0)

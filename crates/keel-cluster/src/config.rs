@@ -19,6 +19,102 @@ pub enum ConfigError {
     /// I/O on the data directory.
     #[error("data dir {dir}: {source}")]
     Io { dir: String, source: std::io::Error },
+    /// A certificate, key or CA file that cannot be read or used.
+    #[error("{flag} {path}: {why}")]
+    Tls { flag: &'static str, path: String, why: String },
+}
+
+/// etcd's TLS flags for one kind of traffic (clients, or peers). Empty means plaintext only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This member's certificate chain (PEM), presented to whoever connects; on peer links
+    /// also presented when this member dials another (for `--peer-client-cert-auth`).
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the other side's certificates: clients' for
+    /// `client_cert_auth`; on peer links also the other members' server certificates.
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Refuse a TLS connection whose certificate is missing or not signed by `trusted_ca_file`.
+    pub client_cert_auth: bool,
+}
+
+/// The flag names of one [`TlsFiles`], for error messages.
+#[derive(Debug, Clone, Copy)]
+pub struct TlsFlags {
+    pub cert_file: &'static str,
+    pub key_file: &'static str,
+    pub trusted_ca_file: &'static str,
+    pub client_cert_auth: &'static str,
+}
+
+/// etcd's flags for client TLS.
+pub const CLIENT_TLS_FLAGS: TlsFlags = TlsFlags {
+    cert_file: "--cert-file",
+    key_file: "--key-file",
+    trusted_ca_file: "--trusted-ca-file",
+    client_cert_auth: "--client-cert-auth",
+};
+
+/// etcd's flags for peer TLS.
+pub const PEER_TLS_FLAGS: TlsFlags = TlsFlags {
+    cert_file: "--peer-cert-file",
+    key_file: "--peer-key-file",
+    trusted_ca_file: "--peer-trusted-ca-file",
+    client_cert_auth: "--peer-client-cert-auth",
+};
+
+/// Whether a URL asks for TLS.
+pub fn is_https(url: &str) -> bool {
+    url.starts_with("https://")
+}
+
+impl TlsFiles {
+    /// Checks the flags against each other and against the URLs that use them (`urls`: flag
+    /// name and URLs). An https URL needs a certificate and key (and, on peer links, a CA to
+    /// verify other members); cert flags beside only http URLs are allowed, as in etcd.
+    fn validate(&self, flags: TlsFlags, urls: &[(&'static str, &[String])], peer: bool) -> Result<(), ConfigError> {
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::Invalid {
+                    flag: flags.key_file,
+                    why: format!("is required with {}", flags.cert_file),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    flag: flags.cert_file,
+                    why: format!("is required with {}", flags.key_file),
+                })
+            }
+            _ => {}
+        }
+        if self.client_cert_auth && self.trusted_ca_file.is_none() {
+            return Err(ConfigError::Invalid {
+                flag: flags.client_cert_auth,
+                why: format!("needs {} (the CA that signs the certificates to accept)", flags.trusted_ca_file),
+            });
+        }
+        for (flag, list) in urls {
+            let Some(url) = list.iter().find(|u| is_https(u)) else { continue };
+            if self.cert_file.is_none() {
+                return Err(ConfigError::Invalid {
+                    flag: flags.cert_file,
+                    why: format!("is required by the https URL {url} in {flag}"),
+                });
+            }
+            if peer && self.trusted_ca_file.is_none() {
+                return Err(ConfigError::Invalid {
+                    flag: flags.trusted_ca_file,
+                    why: format!(
+                        "is required by the https URL {url} in {flag}: members verify each other against it \
+                         (KeelDB does not use the system's roots)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How a member starts, as etcd's flags say.
@@ -41,6 +137,11 @@ pub struct ServeConfig {
     pub snapshot_count: u64,
     /// Largest request a client may send (etcd's `--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// TLS for client traffic (`--cert-file`, `--key-file`, `--trusted-ca-file`,
+    /// `--client-cert-auth`); used by the https URLs in `listen_client_urls`.
+    pub client_tls: TlsFiles,
+    /// TLS for peer traffic (`--peer-cert-file` ...); used by https peer URLs.
+    pub peer_tls: TlsFiles,
 }
 
 impl Default for ServeConfig {
@@ -61,6 +162,8 @@ impl Default for ServeConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 10_000,
             max_request_bytes: 1536 * 1024,
+            client_tls: TlsFiles::default(),
+            peer_tls: TlsFiles::default(),
             name,
         }
     }
@@ -150,6 +253,24 @@ impl ServeConfig {
                 why: format!("lists {:?} for {:?} but --initial-advertise-peer-urls is {:?}", mine, self.name, b),
             });
         }
+        self.client_tls.validate(
+            CLIENT_TLS_FLAGS,
+            &[
+                ("--listen-client-urls", &self.listen_client_urls),
+                ("--advertise-client-urls", &self.advertise_client_urls),
+            ],
+            false,
+        )?;
+        let cluster_urls: Vec<String> = self.initial_cluster.values().flatten().cloned().collect();
+        self.peer_tls.validate(
+            PEER_TLS_FLAGS,
+            &[
+                ("--listen-peer-urls", &self.listen_peer_urls),
+                ("--initial-advertise-peer-urls", &self.initial_advertise_peer_urls),
+                ("--initial-cluster", &cluster_urls),
+            ],
+            true,
+        )?;
         if self.election_timeout < self.heartbeat_interval * 5 {
             return Err(ConfigError::Invalid {
                 flag: "--election-timeout",
@@ -229,5 +350,40 @@ mod tests {
         assert!(c.validate().is_ok());
         c.name = "other".into();
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--initial-cluster", .. })));
+    }
+
+    #[test]
+    fn https_urls_need_their_tls_flags_and_http_urls_allow_them() {
+        let files = TlsFiles {
+            cert_file: Some("c.pem".into()),
+            key_file: Some("k.pem".into()),
+            trusted_ca_file: Some("ca.pem".into()),
+            client_cert_auth: true,
+        };
+        let invalid_flag = |c: &ServeConfig| match c.validate() {
+            Err(ConfigError::Invalid { flag, .. }) => Some(flag),
+            _ => None,
+        };
+        // Cert flags beside http URLs: allowed, as in etcd.
+        let mut c = ServeConfig { client_tls: files.clone(), peer_tls: files.clone(), ..ServeConfig::default() };
+        assert!(c.validate().is_ok());
+        c.listen_client_urls = vec!["https://127.0.0.1:2379".into()];
+        assert!(c.validate().is_ok());
+        c.client_tls.cert_file = None;
+        assert_eq!(invalid_flag(&c), Some("--cert-file"));
+        c.client_tls = TlsFiles { key_file: None, ..files.clone() };
+        assert_eq!(invalid_flag(&c), Some("--key-file"));
+        c.client_tls = TlsFiles { trusted_ca_file: None, ..files.clone() };
+        assert_eq!(invalid_flag(&c), Some("--client-cert-auth"));
+        c.client_tls = TlsFiles { trusted_ca_file: None, client_cert_auth: false, ..files.clone() };
+        assert!(c.validate().is_ok());
+        // A peer in --initial-cluster with an https URL needs a CA to verify it.
+        c.initial_cluster.insert("other".into(), vec!["https://127.0.0.2:2380".into()]);
+        c.peer_tls = TlsFiles { trusted_ca_file: None, client_cert_auth: false, ..files.clone() };
+        assert_eq!(invalid_flag(&c), Some("--peer-trusted-ca-file"));
+        c.peer_tls = TlsFiles::default();
+        assert_eq!(invalid_flag(&c), Some("--peer-cert-file"));
+        c.peer_tls = files;
+        assert!(c.validate().is_ok());
     }
 }

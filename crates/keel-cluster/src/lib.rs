@@ -11,6 +11,7 @@ pub mod mvcc;
 pub mod network;
 pub mod node;
 pub mod state_machine;
+pub mod tls;
 pub mod types;
 
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer};
 
-pub use config::{ConfigError, ServeConfig};
+pub use config::{ConfigError, ServeConfig, TlsFiles};
 pub use node::{Node, NodeError, StartError};
 
 /// A running member with its client listeners.
@@ -34,6 +35,9 @@ impl Server {
     /// Starts a member: stores, Raft, peer listener, client gRPC listeners, and the task that
     /// publishes this member's name and client URLs once a leader exists.
     pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
+        // Bad client TLS files fail the start before the member's stores are opened.
+        config.validate()?;
+        let client_tls = tls::client_listener_tls(&config.client_tls)?;
         let node = Node::start(config).await?;
         let api = etcd_api::Api { node: Arc::clone(&node) };
         let max = node.config.max_request_bytes + 64 * 1024;
@@ -54,8 +58,27 @@ impl Server {
                 tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
                     s.and_then(|s| s.set_nodelay(true).map(|()| s))
                 });
-            let router = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
+            let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+            if config::is_https(url) {
+                // validate() refuses an https URL without --cert-file, and
+                // client_listener_tls() already built this configuration once.
+                let Some(tls) = &client_tls else {
+                    node.shutdown().await;
+                    return Err(
+                        ConfigError::Invalid { flag: "--cert-file", why: format!("is required by {url}") }.into()
+                    );
+                };
+                builder = match builder.tls_config(tls.clone()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        node.shutdown().await;
+                        return Err(
+                            ConfigError::Tls { flag: "--cert-file", path: String::new(), why: e.to_string() }.into()
+                        );
+                    }
+                };
+            }
+            let router = builder
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))

@@ -1,4 +1,5 @@
-//! Peer traffic: Raft RPCs, forwarded writes and read-index requests over TCP.
+//! Peer traffic: Raft RPCs, forwarded writes and read-index requests over TCP, inside TLS
+//! when the peer URL is https (`tls.rs` makes and accepts the connections).
 //!
 //! A connection begins with a hello naming the cluster id and both member ids; the listener
 //! closes any connection whose hello names another cluster or another member (a node never
@@ -21,9 +22,9 @@ use openraft::raft::{
 };
 use openraft::RaftNetworkV2;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
 
+use crate::tls::{PeerStream, PeerTls};
 use crate::types::{Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
 
 /// Injected network faults for tests: pairs of members whose link is cut (both the dialling
@@ -118,12 +119,12 @@ pub enum Discovered {
 /// A discovery request is small; a larger first frame is not one.
 const MAX_DISCOVER_FRAME: usize = 64 * 1024;
 
-/// Asks the member at `addr` (host:port) which cluster and member id `peer_urls` belong to.
-pub async fn discover(addr: &str, peer_urls: &[String], timeout: Duration) -> io::Result<Discovered> {
+/// Asks the member at peer URL `url` (over TLS when it is https) which cluster and member id
+/// `peer_urls` belong to.
+pub async fn discover(tls: &PeerTls, url: &str, peer_urls: &[String], timeout: Duration) -> io::Result<Discovered> {
     let ask = async {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (r, w) = stream.into_split();
+        let stream = tls.connect(url).await?;
+        let (r, w) = tokio::io::split(stream);
         let (mut r, mut w) = (BufReader::new(r), BufWriter::new(w));
         write_frame(&mut w, &Hello { magic: MAGIC, cluster_id: 0, from: 0, to: 0 }).await?;
         write_frame(&mut w, &Discover { peer_urls: peer_urls.to_vec() }).await?;
@@ -199,19 +200,24 @@ pub fn url_addr(url: &str) -> String {
     rest.trim_end_matches('/').to_string()
 }
 
+/// An open peer connection's buffered halves.
+type Conn = (BufReader<ReadHalf<PeerStream>>, BufWriter<WriteHalf<PeerStream>>);
+
 /// One connection to a peer, made lazily and remade after any error.
 pub struct PeerClient {
     cluster_id: u64,
     from: u64,
     to: u64,
-    addr: String,
-    conn: Option<(BufReader<tokio::net::tcp::OwnedReadHalf>, BufWriter<tokio::net::tcp::OwnedWriteHalf>)>,
+    /// The member's first peer URL; its scheme says whether the link uses TLS.
+    url: String,
+    tls: PeerTls,
+    conn: Option<Conn>,
 }
 
 impl PeerClient {
-    pub fn new(cluster_id: u64, from: u64, to: u64, member: &Member) -> PeerClient {
-        let addr = member.peer_urls.first().map(|u| url_addr(u)).unwrap_or_default();
-        PeerClient { cluster_id, from, to, addr, conn: None }
+    pub fn new(cluster_id: u64, from: u64, to: u64, member: &Member, tls: PeerTls) -> PeerClient {
+        let url = member.peer_urls.first().cloned().unwrap_or_default();
+        PeerClient { cluster_id, from, to, url, tls, conn: None }
     }
 
     /// Sends `req` and waits up to `timeout` for its answer.
@@ -238,9 +244,8 @@ impl PeerClient {
             )));
         }
         if self.conn.is_none() {
-            let stream = TcpStream::connect(&self.addr).await.map_err(CallError::Unreachable)?;
-            stream.set_nodelay(true).map_err(CallError::Unreachable)?;
-            let (r, w) = stream.into_split();
+            let stream = self.tls.connect(&self.url).await.map_err(CallError::Unreachable)?;
+            let (r, w) = tokio::io::split(stream);
             let mut w = BufWriter::new(w);
             let hello = Hello { magic: MAGIC, cluster_id: self.cluster_id, from: self.from, to: self.to };
             write_frame(&mut w, &hello).await.map_err(CallError::Unreachable)?;
@@ -290,13 +295,14 @@ fn unexpected(r: PeerResponse) -> RPCError<TypeConfig> {
 pub struct Network {
     pub cluster_id: u64,
     pub me: u64,
+    pub tls: PeerTls,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &Member) -> PeerClient {
-        PeerClient::new(self.cluster_id, self.me, target, node)
+        PeerClient::new(self.cluster_id, self.me, target, node, self.tls.clone())
     }
 }
 
@@ -368,13 +374,14 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     }
 }
 
-/// Serves one accepted peer connection until it closes or misbehaves.
-pub async fn serve_peer<H>(stream: TcpStream, cluster_id: u64, me: u64, handler: Arc<H>) -> io::Result<()>
+/// Serves one accepted peer connection (plain or TLS, see `tls::PeerTls::accept`) until it
+/// closes or misbehaves.
+pub async fn serve_peer<H, S>(stream: S, cluster_id: u64, me: u64, handler: Arc<H>) -> io::Result<()>
 where
     H: PeerHandler,
+    S: AsyncRead + AsyncWrite + Send,
 {
-    stream.set_nodelay(true)?;
-    let (r, w) = stream.into_split();
+    let (r, w) = tokio::io::split(stream);
     let (mut r, mut w) = (BufReader::new(r), BufWriter::new(w));
     // A hello is 32 bytes; anything longer is not a KeelDB peer.
     let hello: Hello = tokio::time::timeout(Duration::from_secs(10), read_frame_limited(&mut r, 64))

@@ -17,10 +17,11 @@ use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 
-use crate::config::{ConfigError, ServeConfig};
+use crate::config::{is_https, ConfigError, ServeConfig};
 use crate::log_store::LogStore;
 use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
 use crate::state_machine::{Shared, StateMachine};
+use crate::tls::PeerTls;
 use crate::types::{Member, Raft, Request, Response};
 
 /// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
@@ -55,6 +56,8 @@ pub struct Node {
     /// at a time; concurrent requests open more).
     peers: Mutex<BTreeMap<u64, Vec<PeerClient>>>,
     request_timeout: Duration,
+    /// TLS for peer links (empty when no `--peer-cert-file` is given).
+    peer_tls: PeerTls,
     /// Set once when the member stops; listeners and connections end on it.
     pub stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -124,7 +127,7 @@ fn read_identity(dir: &Path) -> Result<Option<(u64, u64, String)>, ConfigError> 
 /// joining with `--initial-cluster-state existing`, from its data directory if it has one
 /// (the directory wins over the flags, as in etcd) or else from a running member, which knows
 /// the id `member add` gave these peer URLs.
-async fn resolve_identity(config: &ServeConfig, member_dir: &Path) -> Result<(u64, u64), StartError> {
+async fn resolve_identity(config: &ServeConfig, tls: &PeerTls, member_dir: &Path) -> Result<(u64, u64), StartError> {
     if !config.join_existing {
         return Ok((config.cluster_id(), config.member_id()));
     }
@@ -144,7 +147,7 @@ async fn resolve_identity(config: &ServeConfig, member_dir: &Path) -> Result<(u6
         .initial_cluster
         .iter()
         .filter(|(name, _)| **name != config.name)
-        .flat_map(|(_, urls)| urls.iter().map(|u| network::url_addr(u)))
+        .flat_map(|(_, urls)| urls.iter().cloned())
         .collect();
     if others.is_empty() {
         return Err(StartError::Join("--initial-cluster names no other member to join".into()));
@@ -153,7 +156,7 @@ async fn resolve_identity(config: &ServeConfig, member_dir: &Path) -> Result<(u6
     let mut last = String::new();
     while tokio::time::Instant::now() < deadline {
         for addr in &others {
-            match network::discover(addr, mine, config.election_timeout * 2).await {
+            match network::discover(tls, addr, mine, config.election_timeout * 2).await {
                 Ok(network::Discovered::Member { cluster_id, member_id }) => return Ok((cluster_id, member_id)),
                 // A member that answers but does not know us: `member add` was not run (or
                 // this member's membership view is old); another member may know better.
@@ -185,8 +188,10 @@ impl Node {
     /// accepts the first and the rest find the log no longer empty).
     pub async fn start(config: ServeConfig) -> Result<Arc<Node>, StartError> {
         config.validate()?;
+        // Certificate files are read before anything on disk is touched.
+        let peer_tls = PeerTls::load(&config.peer_tls)?;
         let member_dir: PathBuf = config.data_dir.join("member");
-        let (cluster_id, id) = resolve_identity(&config, &member_dir).await?;
+        let (cluster_id, id) = resolve_identity(&config, &peer_tls, &member_dir).await?;
         let existed = claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
         let log = LogStore::open(&member_dir.join("raft")).map_err(|e| io_cfg(&member_dir, e))?;
         let sm = StateMachine::open(&member_dir.join("sm")).map_err(|e| io_cfg(&member_dir, e))?;
@@ -209,7 +214,7 @@ impl Node {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
-        let network = Network { cluster_id, me: id };
+        let network = Network { cluster_id, me: id, tls: peer_tls.clone() };
         let raft =
             Raft::new(id, raft_config, network, log.clone(), sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
         let node = Arc::new(Node {
@@ -221,13 +226,14 @@ impl Node {
             sm: shared,
             log,
             peers: Mutex::new(BTreeMap::new()),
+            peer_tls,
             stopping: tokio::sync::watch::channel(false).0,
         });
         for url in &node.config.listen_peer_urls {
             let addr = network::url_addr(url);
             let listener =
                 TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
-            tokio::spawn(accept_peers(listener, Arc::clone(&node)));
+            tokio::spawn(accept_peers(listener, Arc::clone(&node), is_https(url)));
         }
         // A storage error stops Raft on this member for good: say so, once.
         let watch = Arc::clone(&node);
@@ -292,7 +298,7 @@ impl Node {
             return Some(c);
         }
         let member = self.members().into_iter().find(|(i, _, _)| *i == id)?.1;
-        Some(PeerClient::new(self.cluster_id, self.id, id, &member))
+        Some(PeerClient::new(self.cluster_id, self.id, id, &member, self.peer_tls.clone()))
     }
 
     fn put_peer(&self, id: u64, client: PeerClient) {
@@ -512,7 +518,7 @@ impl PeerHandler for Node {
     }
 }
 
-async fn accept_peers(listener: TcpListener, node: Arc<Node>) {
+async fn accept_peers(listener: TcpListener, node: Arc<Node>, https: bool) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -525,7 +531,10 @@ async fn accept_peers(listener: TcpListener, node: Arc<Node>) {
                     let (cluster_id, me) = (node.cluster_id, node.id);
                     let stop = Arc::clone(&node);
                     let served = tokio::select! {
-                        r = network::serve_peer(stream, cluster_id, me, node) => r,
+                        r = async {
+                            let stream = node.peer_tls.accept(stream, https).await?;
+                            network::serve_peer(stream, cluster_id, me, node).await
+                        } => r,
                         _ = stop.stopped() => Ok(()),
                     };
                     if let Err(e) = served {

@@ -40,6 +40,7 @@ fn config(dir: &Path, ip: &str, names: &[&str], i: usize) -> ServeConfig {
         election_timeout: Duration::from_millis(400),
         snapshot_count: 50,
         max_request_bytes: 64 * 1024,
+        ..ServeConfig::default()
     }
 }
 

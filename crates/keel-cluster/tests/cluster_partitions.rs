@@ -60,6 +60,7 @@ fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
         election_timeout: Duration::from_millis(300),
         snapshot_count: 200,
         max_request_bytes: 64 * 1024,
+        ..ServeConfig::default()
     }
 }
 

@@ -1,0 +1,287 @@
+//! TLS on the wire: etcd's certificate flags loaded into rustls configurations, the TLS
+//! settings of the client listeners (tonic's), and the TLS wrapping of peer links.
+//!
+//! This module owns reading certificate files and running handshakes. It knows nothing of
+//! frames, hellos or Raft: the peer protocol runs unchanged inside the TLS stream, and the
+//! hello's cluster-id check still applies after a handshake succeeds (TLS says who signed a
+//! member's certificate, not which cluster it belongs to). Every file is read and checked when
+//! the member starts, so a bad path or PEM is a startup error, never a failure on first use.
+//! A handshake is bounded by [`HANDSHAKE_TIMEOUT`]; garbage or plaintext on a TLS port ends
+//! that connection and nothing else.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::config::{is_https, ConfigError, TlsFiles, TlsFlags, CLIENT_TLS_FLAGS, PEER_TLS_FLAGS};
+use crate::network::url_addr;
+
+/// Longest a TLS handshake may take, on either side, before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// rustls with ring only, named explicitly so that no other crate's choice of provider can
+/// change (or make ambiguous) what the member uses.
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(ring::default_provider())
+}
+
+fn tls_err(flag: &'static str, path: &Path, why: impl std::fmt::Display) -> ConfigError {
+    ConfigError::Tls { flag, path: path.display().to_string(), why: why.to_string() }
+}
+
+fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| tls_err(flag, path, format!("cannot read: {e}")))
+}
+
+fn parse_certs(flag: &'static str, path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_err(flag, path, format!("not a PEM certificate file: {e}")))?;
+    if certs.is_empty() {
+        return Err(tls_err(flag, path, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+fn parse_key(flag: &'static str, path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, ConfigError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| tls_err(flag, path, format!("holds no usable PEM private key: {e}")))
+}
+
+fn parse_roots(flag: &'static str, path: &Path, pem: &[u8]) -> Result<Arc<RootCertStore>, ConfigError> {
+    let mut roots = RootCertStore::empty();
+    for cert in parse_certs(flag, path, pem)? {
+        roots.add(cert).map_err(|e| tls_err(flag, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// One side's files, read and parsed.
+struct Loaded {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    /// The CA file's PEM and its certificates, if given.
+    roots: Option<(Vec<u8>, Arc<RootCertStore>)>,
+}
+
+/// Reads and parses `files`; `None` if no certificate is configured.
+fn load(files: &TlsFiles, flags: TlsFlags) -> Result<Option<Loaded>, ConfigError> {
+    let roots = match &files.trusted_ca_file {
+        Some(path) => {
+            let pem = read_file(flags.trusted_ca_file, path)?;
+            let store = parse_roots(flags.trusted_ca_file, path, &pem)?;
+            Some((pem, store))
+        }
+        None => None,
+    };
+    let (Some(cert_path), Some(key_path)) = (&files.cert_file, &files.key_file) else { return Ok(None) };
+    let cert_pem = read_file(flags.cert_file, cert_path)?;
+    let key_pem = read_file(flags.key_file, key_path)?;
+    let chain = parse_certs(flags.cert_file, cert_path, &cert_pem)?;
+    let key = parse_key(flags.key_file, key_path, &key_pem)?;
+    Ok(Some(Loaded { cert_pem, key_pem, chain, key, roots }))
+}
+
+/// A rustls server configuration: this side's certificate, and with `client_cert_auth` a
+/// verifier that requires a client certificate signed by the trusted CA.
+fn server_config(files: &TlsFiles, flags: TlsFlags, loaded: &Loaded) -> Result<ServerConfig, ConfigError> {
+    let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(flags.cert_file, cert_path, e))?;
+    let builder = match (&loaded.roots, files.client_cert_auth) {
+        (Some((_, roots)), true) => {
+            let ca_path = files.trusted_ca_file.as_deref().unwrap_or(Path::new(""));
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), provider())
+                .build()
+                .map_err(|e| tls_err(flags.trusted_ca_file, ca_path, e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        (None, true) => {
+            return Err(ConfigError::Invalid {
+                flag: flags.client_cert_auth,
+                why: format!("needs {}", flags.trusted_ca_file),
+            })
+        }
+        (_, false) => builder.with_no_client_auth(),
+    };
+    // with_single_cert also checks that the key belongs to the certificate.
+    builder
+        .with_single_cert(loaded.chain.clone(), loaded.key.clone_key())
+        .map_err(|e| tls_err(flags.key_file, files.key_file.as_deref().unwrap_or(Path::new("")), e))
+}
+
+/// The client listeners' TLS settings (`None` without `--cert-file`). The files are parsed
+/// and a rustls configuration is built here, so that every problem is a startup error with
+/// the flag and path in it; tonic then builds the same configuration from the same bytes.
+pub fn client_listener_tls(files: &TlsFiles) -> Result<Option<tonic::transport::ServerTlsConfig>, ConfigError> {
+    let flags = CLIENT_TLS_FLAGS;
+    let Some(loaded) = load(files, flags)? else { return Ok(None) };
+    server_config(files, flags, &loaded)?;
+    // tonic asks rustls for the process's default provider; make it ring if nobody chose.
+    let _ = CryptoProvider::install_default(ring::default_provider());
+    let identity = tonic::transport::Identity::from_pem(&loaded.cert_pem, &loaded.key_pem);
+    let mut config = tonic::transport::ServerTlsConfig::new().identity(identity).timeout(HANDSHAKE_TIMEOUT);
+    if files.client_cert_auth {
+        if let Some((pem, _)) = &loaded.roots {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(pem));
+        }
+    }
+    let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
+    tonic::transport::Server::builder()
+        .tls_config(config.clone())
+        .map_err(|e| tls_err(flags.cert_file, cert_path, e))?;
+    Ok(Some(config))
+}
+
+/// Peer links' TLS: an acceptor for https peer listeners and a connector for dialling
+/// members whose peer URL is https. Cheap to clone; empty when no peer TLS is configured.
+#[derive(Clone, Default)]
+pub struct PeerTls {
+    acceptor: Option<TlsAcceptor>,
+    connector: Option<TlsConnector>,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("accepts", &self.acceptor.is_some())
+            .field("dials", &self.connector.is_some())
+            .finish()
+    }
+}
+
+impl PeerTls {
+    /// Reads the `--peer-*` files. The dialling side verifies the other member's certificate
+    /// against `--peer-trusted-ca-file` and presents its own `--peer-cert-file`.
+    pub fn load(files: &TlsFiles) -> Result<PeerTls, ConfigError> {
+        let flags = PEER_TLS_FLAGS;
+        let Some(loaded) = load(files, flags)? else { return Ok(PeerTls::default()) };
+        let acceptor = TlsAcceptor::from(Arc::new(server_config(files, flags, &loaded)?));
+        let connector = match &loaded.roots {
+            Some((_, roots)) => {
+                let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
+                let config = ClientConfig::builder_with_provider(provider())
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| tls_err(flags.cert_file, cert_path, e))?
+                    .with_root_certificates(Arc::clone(roots))
+                    .with_client_auth_cert(loaded.chain.clone(), loaded.key.clone_key())
+                    .map_err(|e| tls_err(flags.key_file, files.key_file.as_deref().unwrap_or(Path::new("")), e))?;
+                Some(TlsConnector::from(Arc::new(config)))
+            }
+            None => None,
+        };
+        Ok(PeerTls { acceptor: Some(acceptor), connector })
+    }
+
+    /// Completes an accepted peer connection: TLS (bounded by [`HANDSHAKE_TIMEOUT`]) when
+    /// the listener's URL is https, the plain socket otherwise.
+    pub async fn accept(&self, stream: TcpStream, https: bool) -> io::Result<PeerStream> {
+        stream.set_nodelay(true)?;
+        if !https {
+            return Ok(PeerStream::Plain(stream));
+        }
+        let Some(acceptor) = &self.acceptor else {
+            return Err(io::Error::other("https peer listener without --peer-cert-file"));
+        };
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out"))?
+            .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake failed: {e}")))?;
+        Ok(PeerStream::Tls(Box::new(tls.into())))
+    }
+
+    /// Dials a member's peer URL: TLS (bounded by [`HANDSHAKE_TIMEOUT`], the server's
+    /// certificate checked against the URL's host) for https, plain TCP for http.
+    pub async fn connect(&self, url: &str) -> io::Result<PeerStream> {
+        let addr = url_addr(url);
+        let stream = TcpStream::connect(&addr).await?;
+        stream.set_nodelay(true)?;
+        if !is_https(url) {
+            return Ok(PeerStream::Plain(stream));
+        }
+        let Some(connector) = &self.connector else {
+            return Err(io::Error::other(format!(
+                "peer URL {url} is https but this member has no --peer-cert-file and --peer-trusted-ca-file"
+            )));
+        };
+        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("peer URL {url}: {e}")))?;
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, stream))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out"))?
+            .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake with {url} failed: {e}")))?;
+        Ok(PeerStream::Tls(Box::new(tls.into())))
+    }
+}
+
+/// A peer connection, plain or TLS.
+pub enum PeerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for PeerStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for PeerStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            PeerStream::Plain(s) => s.is_write_vectored(),
+            PeerStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! TLS on client and peer links: three members replicating over TLS peer links and serving
+//! TLS clients (with client-certificate authentication), clients and peers that must be
+//! refused (no certificate, another CA, plaintext, garbage, silence), and the startup errors
+//! for missing or bad certificate files. Certificates are made at test time with rcgen.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+use keel_cluster::network::{read_frame, write_frame, Hello, PeerRequest, PeerResponse};
+use keel_cluster::tls::PeerTls;
+use keel_cluster::{ServeConfig, Server, TlsFiles};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A loopback address of this test's own (127.x.y.z, distinct per test and process).
+fn base_ip(test: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{}", 40 + test, (pid >> 8) as u8, (pid as u8).max(2) & 0xfe)
+}
+
+/// A certificate authority and the files of the certificates it issued.
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Ca { pem: cert.pem(), issuer: Issuer::new(params, key) }
+    }
+
+    /// A certificate for `sans` (IPs or names) usable both as a server's and as a client's
+    /// (a member's peer certificate is both), as PEM (cert, key).
+    fn issue(&self, common_name: &str, sans: &[&str]) -> (String, String) {
+        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Certificate files in a directory: `<name>.pem` and `<name>-key.pem`.
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    fn write(&self, name: &str, pem: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    }
+
+    fn pair(&self, name: &str, (cert, key): (String, String)) -> (PathBuf, PathBuf) {
+        (self.write(&format!("{name}.pem"), &cert), self.write(&format!("{name}-key.pem"), &key))
+    }
+
+    fn tls(&self, name: &str, pair: (String, String), ca: &Path, client_cert_auth: bool) -> TlsFiles {
+        let (cert, key) = self.pair(name, pair);
+        TlsFiles {
+            cert_file: Some(cert),
+            key_file: Some(key),
+            trusted_ca_file: Some(ca.to_path_buf()),
+            client_cert_auth,
+        }
+    }
+}
+
+/// The PKI of one test: the cluster's CA (member and client certificates) and a stranger CA.
+struct Pki {
+    files: Files,
+    ca: Ca,
+    ca_file: PathBuf,
+    other: Ca,
+    other_ca_file: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        let files = Files { dir: dir.join("pki") };
+        std::fs::create_dir_all(&files.dir).unwrap();
+        let ca = Ca::new("keel test ca");
+        let other = Ca::new("stranger ca");
+        let ca_file = files.write("ca.pem", &ca.pem);
+        let other_ca_file = files.write("other-ca.pem", &other.pem);
+        Pki { files, ca, ca_file, other, other_ca_file }
+    }
+
+    /// A member's TLS for clients and for peers (both with certificate authentication).
+    fn member_tls(&self, name: &str, ip: &str) -> (TlsFiles, TlsFiles) {
+        let client = self.files.tls(&format!("{name}-server"), self.ca.issue(name, &[ip]), &self.ca_file, true);
+        let peer = self.files.tls(&format!("{name}-peer"), self.ca.issue(name, &[ip]), &self.ca_file, true);
+        (client, peer)
+    }
+}
+
+fn config(dir: &Path, pki: &Pki, ip: &str, names: &[&str], i: usize) -> ServeConfig {
+    let peer = |n: usize| format!("https://{ip}:{}", 24800 + n);
+    let client = |n: usize| format!("https://{ip}:{}", 24790 + n);
+    let mut initial = BTreeMap::new();
+    for (n, name) in names.iter().enumerate() {
+        initial.insert(name.to_string(), vec![peer(n)]);
+    }
+    let (client_tls, peer_tls) = pki.member_tls(names[i], ip);
+    ServeConfig {
+        name: names[i].to_string(),
+        data_dir: dir.join(names[i]),
+        listen_client_urls: vec![client(i)],
+        advertise_client_urls: vec![client(i)],
+        listen_peer_urls: vec![peer(i)],
+        initial_advertise_peer_urls: vec![peer(i)],
+        initial_cluster: initial,
+        initial_cluster_token: "tls-test".into(),
+        heartbeat_interval: Duration::from_millis(50),
+        election_timeout: Duration::from_millis(400),
+        snapshot_count: 50,
+        client_tls,
+        peer_tls,
+        ..ServeConfig::default()
+    }
+}
+
+async fn wait_leader(servers: &[Server]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let leaders: Vec<Option<u64>> = servers.iter().map(|s| s.node.leader()).collect();
+        if let Some(Some(l)) = leaders.first() {
+            if leaders.iter().all(|x| *x == Some(*l)) {
+                return *l;
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader over TLS peer links: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An etcd client over TLS trusting `ca`, presenting `identity` (cert, key) if given.
+async fn tls_client(url: &str, ca: &str, identity: Option<&(String, String)>) -> Client {
+    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let opts = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect([url], Some(opts)).await.expect("connect")
+}
+
+/// Puts `key` through a client made with `make`, retrying while the member is still
+/// publishing itself; the last error if it never works.
+async fn put_eventually(url: &str, ca: &str, identity: Option<&(String, String)>, key: &str) -> Result<i64, String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let attempt = async {
+            let mut c = tls_client(url, ca, identity).await;
+            c.put(key, "v", None).await.map(|r| r.header().map_or(0, |h| h.revision()))
+        };
+        match tokio::time::timeout(Duration::from_secs(8), attempt).await {
+            Ok(Ok(rev)) => return Ok(rev),
+            Ok(Err(e)) if Instant::now() > deadline => return Err(e.to_string()),
+            Err(_) if Instant::now() > deadline => return Err("timed out".into()),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn stop_all(servers: Vec<Server>) {
+    for s in servers {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_members_replicate_over_tls_peer_links_and_serve_tls_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(1);
+    let names = ["n1", "n2", "n3"];
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        servers.push(Server::start(config(dir.path(), &pki, &ip, &names, i)).await.unwrap());
+    }
+    // Peer URLs are https only: an elected leader means votes and heartbeats crossed TLS.
+    let leader = wait_leader(&servers).await;
+    let follower = servers.iter().position(|s| s.node.id != leader).unwrap();
+    let url = |i: usize| format!("https://{ip}:{}", 24790 + i);
+    let me = pki.ca.issue("client", &[]);
+
+    // A write through a follower is forwarded to the leader over a TLS peer link.
+    let rev = put_eventually(&url(follower), &pki.ca.pem, Some(&me), "k0").await.unwrap();
+    let mut c = tls_client(&url(follower), &pki.ca.pem, Some(&me)).await;
+    for i in 1..20 {
+        c.put(format!("k{i}"), format!("v{i}"), None).await.unwrap();
+    }
+    let got = c.get("k", Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(got.count(), 20);
+    assert!(got.header().unwrap().revision() >= rev + 19);
+    // Every member applied every write (serializable reads see only the member's own state).
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ci = tls_client(&url(i), &pki.ca.pem, Some(&me)).await;
+        loop {
+            let n = ci.get("k", Some(GetOptions::new().with_prefix().with_serializable())).await.map(|r| r.count());
+            if n.as_ref().ok() == Some(&20) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {i} has {n:?} of 20 keys");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let members = c.member_list().await.unwrap();
+    assert!(members.members().iter().all(|m| m.peer_urls().iter().all(|u| u.starts_with("https://"))));
+
+    // A plaintext gRPC client on the TLS port gets nothing.
+    let plain = Client::connect(
+        [format!("http://{ip}:{}", 24790 + follower)],
+        Some(ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(3))),
+    )
+    .await;
+    if let Ok(mut plain) = plain {
+        assert!(plain.get("k0", None).await.is_err(), "a plaintext client must not be served on an https URL");
+    }
+    stop_all(servers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_trusted_certificate_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(2);
+    let servers = vec![Server::start(config(dir.path(), &pki, &ip, &["solo"], 0)).await.unwrap()];
+    wait_leader(&servers).await;
+    let url = format!("https://{ip}:24790");
+    let me = pki.ca.issue("client", &[]);
+    // The control: a client with a certificate of the cluster's CA is served.
+    put_eventually(&url, &pki.ca.pem, Some(&me), "ok").await.unwrap();
+
+    // No certificate, while --client-cert-auth is on.
+    let mut c = tls_client(&url, &pki.ca.pem, None).await;
+    assert!(c.put("no-cert", "v", None).await.is_err(), "a client without a certificate must be refused");
+    // A certificate of another CA.
+    let stranger = pki.other.issue("client", &[]);
+    let mut c = tls_client(&url, &pki.ca.pem, Some(&stranger)).await;
+    assert!(c.put("stranger", "v", None).await.is_err(), "a client certificate of another CA must be refused");
+    // A client that trusts another CA refuses the member.
+    let mut c = tls_client(&url, &pki.other.pem, Some(&me)).await;
+    assert!(c.get("ok", None).await.is_err(), "a client trusting another CA must not accept the member");
+
+    // None of them wrote anything.
+    let mut c = tls_client(&url, &pki.ca.pem, Some(&me)).await;
+    let all = c.get("", Some(GetOptions::new().with_all_keys())).await.unwrap();
+    assert_eq!(all.kvs().iter().map(|kv| kv.key().to_vec()).collect::<Vec<_>>(), vec![b"ok".to_vec()]);
+    stop_all(servers).await;
+}
+
+/// Sends a hello and a read-index request over `stream`; the answer, or why there was none.
+async fn ask_read_index<S>(stream: S, cluster_id: u64, to: u64) -> Result<PeerResponse, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut r, mut w) = tokio::io::split(stream);
+    let hello = Hello { magic: 0x4b45_454c_5045_4552, cluster_id, from: 7, to };
+    write_frame(&mut w, &hello).await.map_err(|e| e.to_string())?;
+    write_frame(&mut w, &PeerRequest::ReadIndex).await.map_err(|e| e.to_string())?;
+    match tokio::time::timeout(Duration::from_secs(5), read_frame::<PeerResponse>(&mut r)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer in 5 s".into()),
+    }
+}
+
+/// Whether the member closes `s` within `within` (EOF or a reset, not a hang).
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline.into(), s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // A TLS alert may come before the close.
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_peer_port_refuses_plaintext_garbage_silence_and_peers_of_another_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(3);
+    let servers = vec![Server::start(config(dir.path(), &pki, &ip, &["solo"], 0)).await.unwrap()];
+    wait_leader(&servers).await;
+    let node = &servers[0].node;
+    let peer_url = format!("https://{ip}:24800");
+    let peer_addr = format!("{ip}:24800");
+
+    // The control: a peer with a certificate of the cluster's CA gets an answer.
+    let friend = PeerTls::load(&pki.files.tls("friend", pki.ca.issue("friend", &[]), &pki.ca_file, false)).unwrap();
+    let answer = ask_read_index(friend.connect(&peer_url).await.unwrap(), node.cluster_id, node.id).await;
+    assert!(matches!(answer, Ok(PeerResponse::ReadIndex(_))), "{answer:?}");
+    // ... and the cluster-id check still applies inside TLS.
+    let answer = ask_read_index(friend.connect(&peer_url).await.unwrap(), node.cluster_id ^ 1, node.id).await;
+    assert!(answer.is_err(), "a TLS peer of another cluster must get no answer: {answer:?}");
+
+    // A peer whose certificate another CA signed (it trusts ours, so only its own
+    // certificate is wrong): refused during or right after the handshake.
+    let stranger =
+        PeerTls::load(&pki.files.tls("stranger", pki.other.issue("stranger", &[]), &pki.ca_file, false)).unwrap();
+    let answer = match stranger.connect(&peer_url).await {
+        Ok(s) => ask_read_index(s, node.cluster_id, node.id).await,
+        Err(e) => Err(e.to_string()),
+    };
+    assert!(answer.is_err(), "a peer certificate of another CA must be refused: {answer:?}");
+    // A dialler that trusts only another CA refuses the member's certificate itself.
+    let suspicious =
+        PeerTls::load(&pki.files.tls("wary", pki.ca.issue("wary", &[]), &pki.other_ca_file, false)).unwrap();
+    assert!(suspicious.connect(&peer_url).await.is_err());
+
+    // A plaintext KeelDB hello on the TLS port.
+    let mut s = tokio::net::TcpStream::connect(&peer_addr).await.unwrap();
+    let hello = Hello { magic: 0x4b45_454c_5045_4552, cluster_id: node.cluster_id, from: 7, to: node.id };
+    write_frame(&mut s, &hello).await.unwrap();
+    let _ = write_frame(&mut s, &PeerRequest::ReadIndex).await;
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await, "plaintext on a TLS peer port must be closed");
+    // Random bytes.
+    let mut s = tokio::net::TcpStream::connect(&peer_addr).await.unwrap();
+    let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let _ = s.write_all(&junk).await;
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await, "garbage on a TLS peer port must be closed");
+    // Silence: the handshake timeout closes the connection; the member is not stalled meanwhile.
+    let mut silent = tokio::net::TcpStream::connect(&peer_addr).await.unwrap();
+    let answer = ask_read_index(friend.connect(&peer_url).await.unwrap(), node.cluster_id, node.id).await;
+    assert!(matches!(answer, Ok(PeerResponse::ReadIndex(_))), "{answer:?}");
+    let timeout = keel_cluster::tls::HANDSHAKE_TIMEOUT + Duration::from_secs(5);
+    assert!(
+        closed_within(&mut silent, timeout).await,
+        "a silent connection must be dropped after the handshake timeout"
+    );
+
+    // The member still serves clients.
+    let me = pki.ca.issue("client", &[]);
+    put_eventually(&format!("https://{ip}:24790"), &pki.ca.pem, Some(&me), "after").await.unwrap();
+    stop_all(servers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_bad_certificate_files_fail_the_start_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(4);
+    let base = config(dir.path(), &pki, &ip, &["solo"], 0);
+    let start_err = |cfg: ServeConfig| async move {
+        let data_dir = cfg.data_dir.clone();
+        let err = Server::start(cfg).await.err().expect("must refuse to start").to_string();
+        assert!(!data_dir.exists(), "a refused start must not create the data dir ({err})");
+        err
+    };
+
+    // An https client URL without --cert-file.
+    let mut c = base.clone();
+    c.client_tls = TlsFiles::default();
+    let err = start_err(c).await;
+    assert!(err.contains("--cert-file") && err.contains("https://"), "{err}");
+    // An https peer URL without --peer-cert-file, and without --peer-trusted-ca-file.
+    let mut c = base.clone();
+    c.peer_tls = TlsFiles::default();
+    assert!(start_err(c).await.contains("--peer-cert-file"));
+    let mut c = base.clone();
+    c.peer_tls.trusted_ca_file = None;
+    c.peer_tls.client_cert_auth = false;
+    assert!(start_err(c).await.contains("--peer-trusted-ca-file"));
+    // A certificate without its key, and --client-cert-auth without a CA.
+    let mut c = base.clone();
+    c.client_tls.key_file = None;
+    assert!(start_err(c).await.contains("--key-file"));
+    let mut c = base.clone();
+    c.client_tls.trusted_ca_file = None;
+    assert!(start_err(c).await.contains("--client-cert-auth"));
+    // An unreadable file, a file that is not PEM, a key of another certificate, a CA file
+    // that holds a key.
+    let mut c = base.clone();
+    c.client_tls.cert_file = Some(dir.path().join("nope.pem"));
+    let err = start_err(c).await;
+    assert!(err.contains("--cert-file") && err.contains("cannot read"), "{err}");
+    let mut c = base.clone();
+    c.peer_tls.cert_file = Some(pki.files.write("junk.pem", "not a certificate\n"));
+    let err = start_err(c).await;
+    assert!(err.contains("--peer-cert-file") && err.contains("no PEM certificate"), "{err}");
+    let mut c = base.clone();
+    let (_, other_key) = pki.files.pair("unrelated", pki.ca.issue("unrelated", &[]));
+    c.client_tls.key_file = Some(other_key);
+    assert!(start_err(c).await.contains("--key-file"));
+    let mut c = base.clone();
+    c.peer_tls.trusted_ca_file = base.peer_tls.key_file.clone();
+    let err = start_err(c).await;
+    assert!(err.contains("--peer-trusted-ca-file"), "{err}");
+
+    // Certificate flags beside http URLs are allowed (as in etcd): the listeners are plain.
+    let mut c = base.clone();
+    for urls in [&mut c.listen_client_urls, &mut c.advertise_client_urls] {
+        urls[0] = urls[0].replace("https://", "http://");
+    }
+    assert!(c.validate().is_ok());
+    let server = Server::start(c).await.unwrap();
+    wait_leader(std::slice::from_ref(&server)).await;
+    let mut plain = Client::connect([format!("http://{ip}:24790")], None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while plain.put("plain", "v", None).await.is_err() {
+        assert!(Instant::now() < deadline, "the http client URL must serve plaintext");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.stop().await;
+}
