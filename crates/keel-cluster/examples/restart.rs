@@ -26,6 +26,16 @@ struct Member {
     child: Option<Child>,
 }
 
+/// Members die with the program, also when it panics.
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn spawn(keel: &Path, dir: &Path, name: &str, i: u16, initial_cluster: &str, state: &str) -> Child {
     let client = format!("http://127.0.0.1:{}", BASE_PORT + 2 * i);
     let peer = format!("http://127.0.0.1:{}", BASE_PORT + 2 * i + 1);
@@ -151,10 +161,5 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         client = Client::connect(endpoints.clone(), None).await.unwrap();
     }
-    for m in &mut members {
-        if let Some(mut c) = m.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    drop(members);
 }

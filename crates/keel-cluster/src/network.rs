@@ -27,39 +27,131 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use crate::tls::{PeerStream, PeerTls};
 use crate::types::{Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
 
-/// Injected network faults for tests: pairs of members whose link is cut (both the dialling
-/// side and the listening side check it). Empty, and one atomic load per call, outside tests.
+/// Injected network faults for tests, per directed link between members: cut, a delay drawn
+/// from a range for every message, and a probability of losing a message (a lost request is
+/// never delivered; a lost answer leaves the request applied but the caller uninformed). Delays
+/// differ per message and connections are independent, so messages on different connections
+/// are reordered. Seeded: `seed` makes the draws repeatable for one interleaving. Outside
+/// tests everything is empty and each check is one atomic load.
 #[doc(hidden)]
 pub mod faults {
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     use parking_lot::Mutex;
 
+    #[derive(Default)]
+    struct Links {
+        cut: HashSet<(u64, u64)>,
+        delay_ms: HashMap<(u64, u64), (u64, u64)>,
+        loss: HashMap<(u64, u64), f64>,
+        rng: u64,
+    }
+
+    impl Links {
+        fn any(&self) -> bool {
+            !(self.cut.is_empty() && self.delay_ms.is_empty() && self.loss.is_empty())
+        }
+
+        /// xorshift64*: enough for fault draws, no dependency.
+        fn next(&mut self) -> u64 {
+            let mut x = self.rng.max(1);
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.rng = x;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
     static ANY: AtomicBool = AtomicBool::new(false);
-    static CUT: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+    static LINKS: Mutex<Option<Links>> = Mutex::new(None);
+
+    fn with<T>(f: impl FnOnce(&mut Links) -> T) -> T {
+        let mut g = LINKS.lock();
+        let links = g.get_or_insert_with(Links::default);
+        let out = f(links);
+        ANY.store(links.any(), Ordering::Release);
+        out
+    }
+
+    /// Seeds the draws of delays and losses.
+    pub fn seed(seed: u64) {
+        with(|l| l.rng = seed);
+    }
 
     /// Cuts (or heals) the link from `a` to `b`.
     pub fn set_cut(a: u64, b: u64, cut: bool) {
-        let mut g = CUT.lock();
-        let set = g.get_or_insert_with(HashSet::new);
-        if cut {
-            set.insert((a, b));
-        } else {
-            set.remove(&(a, b));
-        }
-        ANY.store(!set.is_empty(), Ordering::Release);
+        with(|l| {
+            if cut {
+                l.cut.insert((a, b));
+            } else {
+                l.cut.remove(&(a, b));
+            }
+        });
     }
 
-    /// Heals every link.
+    /// Delays every message from `a` to `b` by `lo..=hi` ms (`None` removes the delay).
+    pub fn set_delay(a: u64, b: u64, range_ms: Option<(u64, u64)>) {
+        with(|l| match range_ms {
+            Some(r) => {
+                l.delay_ms.insert((a, b), r);
+            }
+            None => {
+                l.delay_ms.remove(&(a, b));
+            }
+        });
+    }
+
+    /// Loses each message from `a` to `b` with probability `p` (0 removes the loss).
+    pub fn set_loss(a: u64, b: u64, p: f64) {
+        with(|l| {
+            if p > 0.0 {
+                l.loss.insert((a, b), p);
+            } else {
+                l.loss.remove(&(a, b));
+            }
+        });
+    }
+
+    /// Heals every link: no cuts, delays or losses.
     pub fn heal_all() {
-        *CUT.lock() = None;
+        let mut g = LINKS.lock();
+        if let Some(l) = g.as_mut() {
+            l.cut.clear();
+            l.delay_ms.clear();
+            l.loss.clear();
+        }
         ANY.store(false, Ordering::Release);
     }
 
     /// Whether the link from `a` to `b` is cut.
     pub fn is_cut(a: u64, b: u64) -> bool {
-        ANY.load(Ordering::Acquire) && CUT.lock().as_ref().is_some_and(|s| s.contains(&(a, b)))
+        ANY.load(Ordering::Acquire) && LINKS.lock().as_ref().is_some_and(|l| l.cut.contains(&(a, b)))
+    }
+
+    /// The delay for the next message from `a` to `b`, if that link has one.
+    pub fn delay(a: u64, b: u64) -> Option<Duration> {
+        if !ANY.load(Ordering::Acquire) {
+            return None;
+        }
+        with(|l| {
+            let (lo, hi) = *l.delay_ms.get(&(a, b))?;
+            let span = hi.saturating_sub(lo) + 1;
+            Some(Duration::from_millis(lo + l.next() % span))
+        })
+    }
+
+    /// Whether the next message from `a` to `b` is lost.
+    pub fn lost(a: u64, b: u64) -> bool {
+        if !ANY.load(Ordering::Acquire) {
+            return false;
+        }
+        with(|l| {
+            let Some(&p) = l.loss.get(&(a, b)) else { return false };
+            (l.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        })
     }
 }
 
@@ -251,9 +343,22 @@ impl PeerClient {
             write_frame(&mut w, &hello).await.map_err(CallError::Unreachable)?;
             self.conn = Some((BufReader::new(r), w));
         }
+        if let Some(d) = faults::delay(self.from, self.to) {
+            tokio::time::sleep(d).await;
+        }
+        if faults::lost(self.from, self.to) {
+            return Err(CallError::Network(io::Error::new(io::ErrorKind::ConnectionAborted, "request lost (test fault)")));
+        }
         let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };
         write_frame(w, req).await.map_err(CallError::Network)?;
-        read_frame(r).await.map_err(CallError::Network)
+        let resp = read_frame(r).await.map_err(CallError::Network)?;
+        if let Some(d) = faults::delay(self.to, self.from) {
+            tokio::time::sleep(d).await;
+        }
+        if faults::lost(self.to, self.from) {
+            return Err(CallError::Network(io::Error::new(io::ErrorKind::ConnectionAborted, "answer lost (test fault)")));
+        }
+        Ok(resp)
     }
 }
 
@@ -426,4 +531,33 @@ pub trait PeerHandler: Send + Sync + 'static {
     fn handle(&self, from: u64, req: PeerRequest) -> impl Future<Output = PeerResponse> + Send;
     /// Answers a joining member's [`Discover`] from this member's view of the membership.
     fn discover(&self, peer_urls: &[String]) -> Discovered;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::faults;
+    use std::time::Duration;
+
+    /// The only unit test touching the process-wide faults (the in-process cluster tests
+    /// that use them are in binaries of their own).
+    #[test]
+    fn injected_faults_apply_to_their_link_only_and_heal() {
+        faults::seed(7);
+        faults::set_loss(1, 2, 1.0);
+        faults::set_delay(1, 3, Some((5, 9)));
+        faults::set_cut(2, 1, true);
+        assert!(faults::lost(1, 2));
+        assert!(!faults::lost(2, 1));
+        assert!(faults::is_cut(2, 1) && !faults::is_cut(1, 2));
+        for _ in 0..100 {
+            let d = faults::delay(1, 3).unwrap_or_default();
+            assert!((Duration::from_millis(5)..=Duration::from_millis(9)).contains(&d), "{d:?}");
+        }
+        assert_eq!(faults::delay(3, 1), None);
+        faults::set_loss(1, 2, 0.25);
+        let lost = (0..4000).filter(|_| faults::lost(1, 2)).count();
+        assert!((700..1300).contains(&lost), "{lost} of 4000 lost at p = 0.25");
+        faults::heal_all();
+        assert!(!faults::lost(1, 2) && !faults::is_cut(2, 1) && faults::delay(1, 3).is_none());
+    }
 }
