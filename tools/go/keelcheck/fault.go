@@ -24,6 +24,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 type stringList []string
@@ -32,25 +33,27 @@ func (s *stringList) String() string     { return strings.Join(*s, " ") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 type faultConfig struct {
-	serverBin    string
-	nodes        int
-	rounds       int
-	roundSecs    float64
-	clients      int
-	keys         int
-	workdir      string
-	basePort     int
-	seed         int64
-	faults       []string
-	serverArgs   stringList
-	preArgs      stringList
-	opTimeout    time.Duration
-	downTime     time.Duration
-	recover      time.Duration
-	checkTimeout time.Duration
-	restartState string
-	injectBug    string
-	maxOps       int
+	serverBin     string
+	nodes         int
+	rounds        int
+	roundSecs     float64
+	clients       int
+	keys          int
+	workdir       string
+	basePort      int
+	seed          int64
+	faults        []string
+	serverArgs    stringList
+	preArgs       stringList
+	opTimeout     time.Duration
+	downTime      time.Duration
+	recover       time.Duration
+	checkTimeout  time.Duration
+	restartState  string
+	injectBug     string
+	maxOps        int
+	netns         bool
+	partitionTime time.Duration
 }
 
 var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
@@ -132,7 +135,9 @@ func runFault(args []string) int {
 	fs.StringVar(&cfg.workdir, "workdir", "", "directory for data dirs, server logs, history.json and violation.html")
 	fs.IntVar(&cfg.basePort, "base-port", 23790, "node i (0-based) listens on client port P+2i and peer port P+2i+1")
 	fs.Int64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock; printed)")
-	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none")
+	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none; with --netns also isolate-leader,isolate-follower,split,bridge,one-way,delay (default there: "+defaultNetnsFaults+")")
+	fs.BoolVar(&cfg.netns, "netns", false, "as root: each member in its own network namespace behind a bridge, with nftables partitions and proxy delays as faults")
+	fs.DurationVar(&cfg.partitionTime, "partition-time", 3*time.Second, "with --netns: a network fault is held for a seeded time in [t/2, 3t/2]")
 	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process, after the member flags (repeatable)")
 	fs.Var(&cfg.preArgs, "server-pre-arg", "argument before the member flags, e.g. serve for `keel serve` (repeatable)")
 	fs.DurationVar(&cfg.opTimeout, "op-timeout", 2*time.Second, "timeout of one client operation")
@@ -149,9 +154,18 @@ func runFault(args []string) int {
 		fmt.Fprintln(os.Stderr, "keelcheck fault: --server-bin and --workdir are required; --nodes, --clients, --keys, --round-secs must be positive")
 		return 2
 	}
+	faultsSet := false
+	fs.Visit(func(f *flag.Flag) { faultsSet = faultsSet || f.Name == "faults" })
+	if cfg.netns && !faultsSet {
+		*faults = defaultNetnsFaults
+	}
 	for _, f := range strings.Split(*faults, ",") {
 		f = strings.TrimSpace(f)
-		if !knownFaults[f] {
+		if netFaults[f] && !cfg.netns {
+			fmt.Fprintf(os.Stderr, "keelcheck fault: %s needs --netns\n", f)
+			return 2
+		}
+		if !knownFaults[f] && !netFaults[f] {
 			fmt.Fprintf(os.Stderr, "keelcheck fault: unknown fault %q\n", f)
 			return 2
 		}
@@ -178,37 +192,76 @@ func runFault(args []string) int {
 	}
 	_ = os.Remove(filepath.Join(cfg.workdir, "violation.html"))
 
-	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.preArgs, cfg.serverArgs, cfg.restartState)
-	// Servers never outlive keelcheck: on return, on panic (here or in a goroutine, via
-	// guard), and on SIGINT/SIGTERM.
-	defer c.killAll()
+	// Servers and namespaces never outlive keelcheck: on return, on panic (here or in a
+	// goroutine, via guard), and on SIGINT/SIGTERM/SIGHUP. The handler is in place before the
+	// first namespace exists.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
-		fmt.Fprintf(os.Stderr, "keelcheck: %v: killing servers\n", s)
-		c.killAll()
+		fmt.Fprintf(os.Stderr, "keelcheck: %v: killing servers, removing namespaces\n", s)
+		cleanupAll()
 		os.Exit(130)
 	}()
-	guardCluster = c
+	defer cleanupAll()
 	defer func() {
 		if r := recover(); r != nil {
-			c.killAll()
+			cleanupAll()
 			panic(r)
 		}
 	}()
+	var lab *netLab
+	if cfg.netns {
+		if err := checkNetnsTools(); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck fault:", err)
+			return 2
+		}
+		var err error
+		lab, err = newNetLab(cfg.nodes)
+		guardMu.Lock()
+		guardLab = lab
+		guardMu.Unlock()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck fault: network namespaces:", err)
+			return 2
+		}
+		clientDialOptions = append(clientDialOptions, grpc.WithContextDialer(lab.grpcDialer))
+		fmt.Printf("keelcheck: netns lab %s-{hub,n1..n%d}: members %s.0.1..%d, clients from %s\n",
+			lab.prefix, cfg.nodes, labSubnet, cfg.nodes, lab.hubAddr())
+	}
+	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.preArgs, cfg.serverArgs, cfg.restartState, lab)
+	guardMu.Lock()
+	guardCluster = c
+	guardMu.Unlock()
 	return faultMain(cfg, c)
 }
 
-var guardCluster *cluster
+var (
+	guardMu      sync.Mutex
+	guardCluster *cluster
+	guardLab     *netLab
+)
 
-// guard is deferred first in every goroutine: a panic anywhere still kills the servers.
+// cleanupAll kills the servers, then removes the namespaces (a namespace's processes go
+// first so that nothing keeps it alive). Safe to call more than once.
+func cleanupAll() {
+	guardMu.Lock()
+	c, lab := guardCluster, guardLab
+	guardMu.Unlock()
+	if c != nil {
+		c.killAll()
+	}
+	if lab != nil {
+		lab.teardown()
+	}
+}
+
+// guard is deferred first in every goroutine: a panic anywhere still kills the servers and
+// removes the namespaces.
 func guard() {
 	if r := recover(); r != nil {
 		fmt.Fprintf(os.Stderr, "keelcheck: panic: %v\n%s", r, debug.Stack())
-		if guardCluster != nil {
-			guardCluster.killAll()
-		}
+		cleanupAll()
 		os.Exit(70)
 	}
 }
@@ -408,6 +461,9 @@ func yesNo(b bool) string {
 func injectFault(ctx context.Context, c *cluster, cfg faultConfig, fault string, rng *rand.Rand) (string, error) {
 	if fault == "none" {
 		return "nothing", nil
+	}
+	if netFaults[fault] {
+		return injectNetFault(ctx, c, cfg, fault, rng)
 	}
 	v, err := c.waitHealthy(ctx, cfg.recover)
 	if err != nil && fault != "kill-all" && fault != "restart" {

@@ -1,6 +1,7 @@
 // Command keelcheck checks an etcd-v3-API server (real etcd, or `keel serve`) for
 // linearizability under process faults (`keelcheck fault`) and for etcd KV semantics
-// (`keelcheck compat`). It only ever talks to 127.0.0.1.
+// (`keelcheck compat`). It talks to 127.0.0.1, or with `fault --netns` to members in network
+// namespaces it made itself.
 package main
 
 import (
@@ -42,11 +43,15 @@ func main() {
 	}
 }
 
+// clientDialOptions are added to every client; --netns sets a dialer that makes client
+// sockets inside the lab's hub namespace.
+var clientDialOptions []grpc.DialOption
+
 func newClient(endpoints []string, dialTimeout time.Duration) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{},
+		DialOptions: append([]grpc.DialOption{}, clientDialOptions...),
 	})
 }
