@@ -8,26 +8,29 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
 var netFaults = map[string]bool{
 	"isolate-leader": true, "isolate-follower": true, "split": true, "bridge": true,
-	"one-way": true, "delay": true,
+	"one-way": true, "delay": true, "isolate-kill-leader": true,
 }
 
 // defaultNetnsFaults mixes every network fault with the kill -9 faults; the first six are
 // what a short run (CI) sees.
-const defaultNetnsFaults = "isolate-leader,one-way,split,kill-leader,bridge,delay,isolate-follower,kill-follower,one-way,kill-all,restart"
+const defaultNetnsFaults = "isolate-leader,one-way,split,kill-leader,bridge,delay,isolate-follower,isolate-kill-leader,kill-follower,one-way,kill-all,restart"
 
 type netFault struct {
 	cuts  [][2]int // (from, to): packets from member `from` to member `to` are dropped
 	delay time.Duration
 	slow  int // member whose links are delayed, -1 for none
+	kill  int // member killed (kill -9) and restarted halfway through the partition, -1 for none
 	desc  string
 }
 
@@ -67,7 +70,7 @@ func others(n int, not ...int) []int {
 // planNetFault chooses the victims of one network fault.
 func planNetFault(c *cluster, fault string, leader int, rng *rand.Rand) netFault {
 	n := len(c.nodes)
-	f := netFault{slow: -1}
+	f := netFault{slow: -1, kill: -1}
 	followers := others(n, leader)
 	pick := func(xs []int) int { return xs[rng.Intn(len(xs))] }
 	role := func(i int) string {
@@ -77,13 +80,17 @@ func planNetFault(c *cluster, fault string, leader int, rng *rand.Rand) netFault
 		return c.nodes[i].name
 	}
 	switch fault {
-	case "isolate-leader", "isolate-follower":
+	case "isolate-leader", "isolate-follower", "isolate-kill-leader":
 		v := leader
 		if fault == "isolate-follower" {
 			v = pick(followers)
 		}
 		f.cuts = cutBetween([]int{v}, others(n, v))
 		f.desc = "isolate " + role(v)
+		if fault == "isolate-kill-leader" {
+			f.kill = v
+			f.desc += ", kill -9 it halfway, restart it still isolated"
+		}
 	case "split":
 		// A random minority (with the leader in it half the time) against the majority.
 		perm := rng.Perm(n)
@@ -169,6 +176,15 @@ func injectNetFault(ctx context.Context, c *cluster, cfg faultConfig, fault stri
 		_ = c.lab.setCuts(nil)
 		return desc, err
 	}
-	time.Sleep(hold)
-	return desc + ", healed", c.lab.setCuts(nil)
+	var kerr error
+	if f.kill >= 0 {
+		time.Sleep(hold / 2)
+		c.stop(f.kill, syscall.SIGKILL, 0)
+		time.Sleep(cfg.downTime)
+		kerr = c.start(f.kill)
+		time.Sleep(hold / 2)
+	} else {
+		time.Sleep(hold)
+	}
+	return desc + ", healed", errors.Join(kerr, c.lab.setCuts(nil))
 }

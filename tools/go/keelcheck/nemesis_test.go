@@ -50,11 +50,11 @@ func TestPlanNetFault(t *testing.T) {
 					}
 				}
 				switch f {
-				case "isolate-leader", "isolate-follower", "split":
+				case "isolate-leader", "isolate-follower", "split", "isolate-kill-leader":
 					if len(p.cuts) == 0 || !majorityConnected(n, p.cuts) {
 						t.Fatalf("n=%d %s (%s): want a connected majority and some cut, got %v", n, f, p.desc, p.cuts)
 					}
-					if f == "isolate-leader" && len(p.cuts) != 2*(n-1) {
+					if (f == "isolate-leader" || f == "isolate-kill-leader") && len(p.cuts) != 2*(n-1) {
 						t.Fatalf("isolate-leader: %v", p.cuts)
 					}
 				case "bridge":
