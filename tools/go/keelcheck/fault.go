@@ -67,6 +67,12 @@ type recorder struct {
 	unknown  atomic.Int64
 }
 
+// serializableGets (--inject-bug serializable) makes the workload's reads serializable: a
+// member answers from its own state, so a partitioned or lagging member can answer stale
+// values, and a run with network faults must then fail; unlike read and lost it changes what
+// the servers are asked, not the record. The final reads stay linearizable.
+var serializableGets bool
+
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
 
 func (r *recorder) add(op porcupine.Operation) {
@@ -81,7 +87,7 @@ func (r *recorder) add(op porcupine.Operation) {
 }
 
 // do runs one operation and records it. An error or timeout makes its outcome unknown.
-func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration) (kvOutput, bool) {
+func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration, serializable bool) (kvOutput, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	call := r.now()
@@ -92,7 +98,11 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 		_, err = cli.Put(ctx, in.Key, in.Value)
 	case opGet:
 		var resp *clientv3.GetResponse
-		resp, err = cli.Get(ctx, in.Key) // linearizable by default
+		if serializable {
+			resp, err = cli.Get(ctx, in.Key, clientv3.WithSerializable())
+		} else {
+			resp, err = cli.Get(ctx, in.Key) // linearizable by default
+		}
 		if err == nil && len(resp.Kvs) > 0 {
 			out.Found, out.Value = true, string(resp.Kvs[0].Value)
 		}
@@ -146,7 +156,7 @@ func runFault(args []string) int {
 	fs.DurationVar(&cfg.checkTimeout, "check-timeout", 5*time.Minute, "total time limit of the linearizability check")
 	fs.StringVar(&cfg.restartState, "restart-cluster-state", "", "--initial-cluster-state on restarts (default: the same flags as the first start, i.e. new)")
 	fs.IntVar(&cfg.maxOps, "max-ops-per-client-round", 100000, "upper bound of operations per client per round")
-	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale")
+	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -171,8 +181,12 @@ func runFault(args []string) int {
 		}
 		cfg.faults = append(cfg.faults, f)
 	}
-	if cfg.injectBug != "" && cfg.injectBug != "read" && cfg.injectBug != "lost" {
-		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read or lost")
+	switch cfg.injectBug {
+	case "", "read", "lost":
+	case "serializable":
+		serializableGets = true
+	default:
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost or serializable")
 		return 2
 	}
 	if cfg.seed == 0 {
@@ -345,7 +359,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 						}
 						in = kvInput{Kind: opCAS, Key: key, Expect: exp, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
 					}
-					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout)
+					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, serializableGets)
 					if !ok {
 						// The unknown op stays pending forever: later ops of this client get a
 						// fresh id so the visualization shows them on their own line.
@@ -393,7 +407,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 			id := int(rec.clientID.Add(1))
 			for _, k := range keys {
 				for attempt := 0; attempt < 10; attempt++ {
-					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second)
+					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second, false)
 					if ok {
 						finals[k] = out
 						rec.mu.Lock()
@@ -420,7 +434,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 	c.killAll()
 
 	history := rec.ops
-	if cfg.injectBug != "" {
+	if cfg.injectBug == "read" || cfg.injectBug == "lost" {
 		injectBug(cfg.injectBug, history, finals, finalIdx)
 	}
 	writeHistory(filepath.Join(cfg.workdir, "history.json"), history)

@@ -13,6 +13,7 @@ import (
 	"math/rand"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -152,6 +153,49 @@ func planNetFault(c *cluster, fault string, leader int, rng *rand.Rand) netFault
 	return f
 }
 
+// leadersSeen asks every member whom it follows: "n1>n2 n2>n2 n3>-" (- no leader, ? no
+// answer). It shows in the log that a partition moved the leadership, or did not.
+func (c *cluster) leadersSeen(ctx context.Context) string {
+	type res struct {
+		self, leader uint64
+		ok           bool
+	}
+	out := make([]res, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, nd := range c.nodes {
+		wg.Add(1)
+		go func(i int, ep string) {
+			defer guard()
+			defer wg.Done()
+			if r, err := status(ctx, ep, time.Second); err == nil && r.Header != nil {
+				out[i] = res{r.Header.MemberId, r.Leader, true}
+			}
+		}(i, nd.clientURL)
+	}
+	wg.Wait()
+	name := map[uint64]string{}
+	for i, r := range out {
+		if r.ok {
+			name[r.self] = c.nodes[i].name
+		}
+	}
+	var parts []string
+	for i, r := range out {
+		who := "?"
+		if r.ok {
+			who = "-"
+			if r.leader != 0 {
+				who = name[r.leader]
+				if who == "" {
+					who = fmt.Sprintf("%x", r.leader)
+				}
+			}
+		}
+		parts = append(parts, c.nodes[i].name+">"+who)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
 func injectNetFault(ctx context.Context, c *cluster, cfg faultConfig, fault string, rng *rand.Rand) (string, error) {
 	if c.lab == nil {
 		return "skipped", fmt.Errorf("%s needs --netns", fault)
@@ -169,8 +213,9 @@ func injectNetFault(ctx context.Context, c *cluster, cfg faultConfig, fault stri
 	if f.slow >= 0 {
 		c.lab.setDelay(f.slow, f.delay)
 		time.Sleep(hold)
+		seen := c.leadersSeen(ctx)
 		c.lab.setDelay(-1, 0)
-		return desc, nil
+		return desc + ", leaders seen before the heal " + seen, nil
 	}
 	if err := c.lab.setCuts(f.cuts); err != nil {
 		_ = c.lab.setCuts(nil)
@@ -186,5 +231,6 @@ func injectNetFault(ctx context.Context, c *cluster, cfg faultConfig, fault stri
 	} else {
 		time.Sleep(hold)
 	}
-	return desc + ", healed", errors.Join(kerr, c.lab.setCuts(nil))
+	seen := c.leadersSeen(ctx)
+	return desc + ", leaders seen before the heal " + seen + ", healed", errors.Join(kerr, c.lab.setCuts(nil))
 }
