@@ -189,6 +189,12 @@ func runFault(args []string) int {
 		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost or serializable")
 		return 2
 	}
+	if cfg.netns {
+		if err := checkNetnsTools(); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck fault:", err)
+			return 2
+		}
+	}
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano() % 1_000_000_000
 	}
@@ -226,10 +232,6 @@ func runFault(args []string) int {
 	}()
 	var lab *netLab
 	if cfg.netns {
-		if err := checkNetnsTools(); err != nil {
-			fmt.Fprintln(os.Stderr, "keelcheck fault:", err)
-			return 2
-		}
 		var err error
 		lab, err = newNetLab(cfg.nodes)
 		guardMu.Lock()
