@@ -147,7 +147,10 @@ func runFault(args []string) int {
 	fs.Int64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock; printed)")
 	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none; with --netns also isolate-leader,isolate-follower,split,bridge,one-way,delay (default there: "+defaultNetnsFaults+")")
 	fs.BoolVar(&cfg.netns, "netns", false, "as root: each member in its own network namespace behind a bridge, with nftables partitions and proxy delays as faults")
-	fs.DurationVar(&cfg.partitionTime, "partition-time", 3*time.Second, "with --netns: a network fault is held for a seeded time in [t/2, 3t/2]")
+	// keel's failover takes 3-7 s (openraft's leader lease is election_timeout_max = 2 s, so the
+	// first candidate is usually refused); 5 s makes most isolations elect a new leader before
+	// the heal while some heal first, and both cases are worth having.
+	fs.DurationVar(&cfg.partitionTime, "partition-time", 5*time.Second, "with --netns: a network fault is held for a seeded time in [t/2, 3t/2]")
 	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process, after the member flags (repeatable)")
 	fs.Var(&cfg.preArgs, "server-pre-arg", "argument before the member flags, e.g. serve for `keel serve` (repeatable)")
 	fs.DurationVar(&cfg.opTimeout, "op-timeout", 2*time.Second, "timeout of one client operation")
