@@ -19,6 +19,8 @@ func usage() {
   keelcheck fault --server-bin PATH [--nodes 3] [--rounds 5] [--round-secs 10] [--clients 8]
                   [--keys 10] --workdir DIR [--base-port 23790] [--seed N]
                   [--faults kill-leader,kill-follower,kill-all,restart] [--server-arg ARG]...
+                  [--netns [--partition-time 5s]]   (root: members in network namespaces,
+                  faults isolate-leader,isolate-follower,isolate-kill-leader,split,bridge,one-way,delay)
   keelcheck compat --endpoints 127.0.0.1:2379,... [--expect-members N]
 Run "keelcheck fault -h" or "keelcheck compat -h" for every flag.
 `)
