@@ -1,7 +1,9 @@
 package main
 
-// Server processes on 127.0.0.1 started with etcd's member flags, killed with SIGKILL or
-// stopped with SIGTERM, and restarted with the same data dir.
+// Server processes started with etcd's member flags, killed with SIGKILL or stopped with
+// SIGTERM, and restarted with the same data dir: on 127.0.0.1, or with --netns each inside
+// its own network namespace (started through `ip netns exec`, which execs the server in
+// place, so the pid and the signals are the server's own).
 
 import (
 	"context"
@@ -23,6 +25,7 @@ type node struct {
 	peerURL    string
 	dataDir    string
 	logPath    string
+	netns      string // "" on 127.0.0.1
 	cmd        *exec.Cmd
 	exited     chan struct{}
 	startCount int
@@ -35,17 +38,25 @@ type cluster struct {
 	restartState string // "" keeps --initial-cluster-state new on restarts
 	nodes        []*node
 	initial      string
+	lab          *netLab // nil on 127.0.0.1
 	mu           sync.Mutex
 }
 
-func newCluster(bin, workdir string, n, basePort int, pre, extra []string, restartState string) *cluster {
-	c := &cluster{bin: bin, preArgs: pre, extraArgs: extra, restartState: restartState}
+// newCluster describes n members; with a lab each member gets its namespace and address
+// (the ports are the same in every namespace), else ports P+2i and P+2i+1 on 127.0.0.1.
+func newCluster(bin, workdir string, n, basePort int, pre, extra []string, restartState string, lab *netLab) *cluster {
+	c := &cluster{bin: bin, preArgs: pre, extraArgs: extra, restartState: restartState, lab: lab}
 	var parts []string
 	for i := 0; i < n; i++ {
 		nd := &node{
 			name:      fmt.Sprintf("n%d", i+1),
 			clientURL: fmt.Sprintf("http://127.0.0.1:%d", basePort+2*i),
 			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", basePort+2*i+1),
+		}
+		if lab != nil {
+			nd.netns = lab.ns(i)
+			nd.clientURL = fmt.Sprintf("http://%s:%d", lab.addr(i), labClientPort)
+			nd.peerURL = fmt.Sprintf("http://%s:%d", lab.addr(i), labPeerPort)
 		}
 		nd.dataDir = filepath.Join(workdir, nd.name+".data")
 		nd.logPath = filepath.Join(workdir, nd.name+".log")
@@ -98,6 +109,9 @@ func (c *cluster) start(i int) error {
 	args := c.args(nd)
 	fmt.Fprintf(logf, "\n=== keelcheck: start %d: %s %s\n", nd.startCount+1, c.bin, strings.Join(args, " "))
 	cmd := exec.Command(c.bin, args...)
+	if nd.netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", nd.netns, c.bin}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and SIGKILL if keelcheck dies without cleaning up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

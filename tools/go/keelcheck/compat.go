@@ -78,7 +78,7 @@ func runCompat(args []string) int {
 			_ = os.RemoveAll(filepath.Join(*workdir, fmt.Sprintf("n%d.data", i)))
 			_ = os.Remove(filepath.Join(*workdir, fmt.Sprintf("n%d.log", i)))
 		}
-		cl := newCluster(*serverBin, *workdir, *nodes, *basePort, preArgs, serverArgs, "")
+		cl := newCluster(*serverBin, *workdir, *nodes, *basePort, preArgs, serverArgs, "", nil)
 		guardCluster = cl
 		defer cl.killAll()
 		sigs := make(chan os.Signal, 1)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 type stringList []string
@@ -32,25 +33,27 @@ func (s *stringList) String() string     { return strings.Join(*s, " ") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 type faultConfig struct {
-	serverBin    string
-	nodes        int
-	rounds       int
-	roundSecs    float64
-	clients      int
-	keys         int
-	workdir      string
-	basePort     int
-	seed         int64
-	faults       []string
-	serverArgs   stringList
-	preArgs      stringList
-	opTimeout    time.Duration
-	downTime     time.Duration
-	recover      time.Duration
-	checkTimeout time.Duration
-	restartState string
-	injectBug    string
-	maxOps       int
+	serverBin     string
+	nodes         int
+	rounds        int
+	roundSecs     float64
+	clients       int
+	keys          int
+	workdir       string
+	basePort      int
+	seed          int64
+	faults        []string
+	serverArgs    stringList
+	preArgs       stringList
+	opTimeout     time.Duration
+	downTime      time.Duration
+	recover       time.Duration
+	checkTimeout  time.Duration
+	restartState  string
+	injectBug     string
+	maxOps        int
+	netns         bool
+	partitionTime time.Duration
 }
 
 var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
@@ -63,6 +66,12 @@ type recorder struct {
 	ok       atomic.Int64
 	unknown  atomic.Int64
 }
+
+// serializableGets (--inject-bug serializable) makes the workload's reads serializable: a
+// member answers from its own state, so a partitioned or lagging member can answer stale
+// values, and a run with network faults must then fail; unlike read and lost it changes what
+// the servers are asked, not the record. The final reads stay linearizable.
+var serializableGets bool
 
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
 
@@ -78,7 +87,7 @@ func (r *recorder) add(op porcupine.Operation) {
 }
 
 // do runs one operation and records it. An error or timeout makes its outcome unknown.
-func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration) (kvOutput, bool) {
+func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration, serializable bool) (kvOutput, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	call := r.now()
@@ -89,7 +98,11 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 		_, err = cli.Put(ctx, in.Key, in.Value)
 	case opGet:
 		var resp *clientv3.GetResponse
-		resp, err = cli.Get(ctx, in.Key) // linearizable by default
+		if serializable {
+			resp, err = cli.Get(ctx, in.Key, clientv3.WithSerializable())
+		} else {
+			resp, err = cli.Get(ctx, in.Key) // linearizable by default
+		}
 		if err == nil && len(resp.Kvs) > 0 {
 			out.Found, out.Value = true, string(resp.Kvs[0].Value)
 		}
@@ -132,7 +145,12 @@ func runFault(args []string) int {
 	fs.StringVar(&cfg.workdir, "workdir", "", "directory for data dirs, server logs, history.json and violation.html")
 	fs.IntVar(&cfg.basePort, "base-port", 23790, "node i (0-based) listens on client port P+2i and peer port P+2i+1")
 	fs.Int64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock; printed)")
-	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none")
+	faults := fs.String("faults", "kill-leader,kill-follower,kill-all,restart", "faults, used in turn one per round: kill-leader,kill-follower,kill-all,restart,none; with --netns also isolate-leader,isolate-follower,split,bridge,one-way,delay (default there: "+defaultNetnsFaults+")")
+	fs.BoolVar(&cfg.netns, "netns", false, "as root: each member in its own network namespace behind a bridge, with nftables partitions and proxy delays as faults")
+	// keel's failover takes 3-7 s (openraft's leader lease is election_timeout_max = 2 s, so the
+	// first candidate is usually refused); 5 s makes most isolations elect a new leader before
+	// the heal while some heal first, and both cases are worth having.
+	fs.DurationVar(&cfg.partitionTime, "partition-time", 5*time.Second, "with --netns: a network fault is held for a seeded time in [t/2, 3t/2]")
 	fs.Var(&cfg.serverArgs, "server-arg", "extra argument for every server process, after the member flags (repeatable)")
 	fs.Var(&cfg.preArgs, "server-pre-arg", "argument before the member flags, e.g. serve for `keel serve` (repeatable)")
 	fs.DurationVar(&cfg.opTimeout, "op-timeout", 2*time.Second, "timeout of one client operation")
@@ -141,7 +159,7 @@ func runFault(args []string) int {
 	fs.DurationVar(&cfg.checkTimeout, "check-timeout", 5*time.Minute, "total time limit of the linearizability check")
 	fs.StringVar(&cfg.restartState, "restart-cluster-state", "", "--initial-cluster-state on restarts (default: the same flags as the first start, i.e. new)")
 	fs.IntVar(&cfg.maxOps, "max-ops-per-client-round", 100000, "upper bound of operations per client per round")
-	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale")
+	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -149,17 +167,36 @@ func runFault(args []string) int {
 		fmt.Fprintln(os.Stderr, "keelcheck fault: --server-bin and --workdir are required; --nodes, --clients, --keys, --round-secs must be positive")
 		return 2
 	}
+	faultsSet := false
+	fs.Visit(func(f *flag.Flag) { faultsSet = faultsSet || f.Name == "faults" })
+	if cfg.netns && !faultsSet {
+		*faults = defaultNetnsFaults
+	}
 	for _, f := range strings.Split(*faults, ",") {
 		f = strings.TrimSpace(f)
-		if !knownFaults[f] {
+		if netFaults[f] && !cfg.netns {
+			fmt.Fprintf(os.Stderr, "keelcheck fault: %s needs --netns\n", f)
+			return 2
+		}
+		if !knownFaults[f] && !netFaults[f] {
 			fmt.Fprintf(os.Stderr, "keelcheck fault: unknown fault %q\n", f)
 			return 2
 		}
 		cfg.faults = append(cfg.faults, f)
 	}
-	if cfg.injectBug != "" && cfg.injectBug != "read" && cfg.injectBug != "lost" {
-		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read or lost")
+	switch cfg.injectBug {
+	case "", "read", "lost":
+	case "serializable":
+		serializableGets = true
+	default:
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost or serializable")
 		return 2
+	}
+	if cfg.netns {
+		if err := checkNetnsTools(); err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck fault:", err)
+			return 2
+		}
 	}
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano() % 1_000_000_000
@@ -178,37 +215,72 @@ func runFault(args []string) int {
 	}
 	_ = os.Remove(filepath.Join(cfg.workdir, "violation.html"))
 
-	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.preArgs, cfg.serverArgs, cfg.restartState)
-	// Servers never outlive keelcheck: on return, on panic (here or in a goroutine, via
-	// guard), and on SIGINT/SIGTERM.
-	defer c.killAll()
+	// Servers and namespaces never outlive keelcheck: on return, on panic (here or in a
+	// goroutine, via guard), and on SIGINT/SIGTERM/SIGHUP. The handler is in place before the
+	// first namespace exists.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
-		fmt.Fprintf(os.Stderr, "keelcheck: %v: killing servers\n", s)
-		c.killAll()
+		fmt.Fprintf(os.Stderr, "keelcheck: %v: killing servers, removing namespaces\n", s)
+		cleanupAll()
 		os.Exit(130)
 	}()
-	guardCluster = c
+	defer cleanupAll()
 	defer func() {
 		if r := recover(); r != nil {
-			c.killAll()
+			cleanupAll()
 			panic(r)
 		}
 	}()
+	var lab *netLab
+	if cfg.netns {
+		var err error
+		lab, err = newNetLab(cfg.nodes)
+		guardMu.Lock()
+		guardLab = lab
+		guardMu.Unlock()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck fault: network namespaces:", err)
+			return 2
+		}
+		clientDialOptions = append(clientDialOptions, grpc.WithContextDialer(lab.grpcDialer))
+		fmt.Printf("keelcheck: netns lab %s-{hub,n1..n%d}: members %s.0.1..%d, clients from %s\n",
+			lab.prefix, cfg.nodes, labSubnet, cfg.nodes, lab.hubAddr())
+	}
+	c := newCluster(cfg.serverBin, cfg.workdir, cfg.nodes, cfg.basePort, cfg.preArgs, cfg.serverArgs, cfg.restartState, lab)
+	guardMu.Lock()
+	guardCluster = c
+	guardMu.Unlock()
 	return faultMain(cfg, c)
 }
 
-var guardCluster *cluster
+var (
+	guardMu      sync.Mutex
+	guardCluster *cluster
+	guardLab     *netLab
+)
 
-// guard is deferred first in every goroutine: a panic anywhere still kills the servers.
+// cleanupAll kills the servers, then removes the namespaces (a namespace's processes go
+// first so that nothing keeps it alive). Safe to call more than once.
+func cleanupAll() {
+	guardMu.Lock()
+	c, lab := guardCluster, guardLab
+	guardMu.Unlock()
+	if c != nil {
+		c.killAll()
+	}
+	if lab != nil {
+		lab.teardown()
+	}
+}
+
+// guard is deferred first in every goroutine: a panic anywhere still kills the servers and
+// removes the namespaces.
 func guard() {
 	if r := recover(); r != nil {
 		fmt.Fprintf(os.Stderr, "keelcheck: panic: %v\n%s", r, debug.Stack())
-		if guardCluster != nil {
-			guardCluster.killAll()
-		}
+		cleanupAll()
 		os.Exit(70)
 	}
 }
@@ -292,7 +364,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 						}
 						in = kvInput{Kind: opCAS, Key: key, Expect: exp, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
 					}
-					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout)
+					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, serializableGets)
 					if !ok {
 						// The unknown op stays pending forever: later ops of this client get a
 						// fresh id so the visualization shows them on their own line.
@@ -340,7 +412,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 			id := int(rec.clientID.Add(1))
 			for _, k := range keys {
 				for attempt := 0; attempt < 10; attempt++ {
-					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second)
+					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second, false)
 					if ok {
 						finals[k] = out
 						rec.mu.Lock()
@@ -367,7 +439,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 	c.killAll()
 
 	history := rec.ops
-	if cfg.injectBug != "" {
+	if cfg.injectBug == "read" || cfg.injectBug == "lost" {
 		injectBug(cfg.injectBug, history, finals, finalIdx)
 	}
 	writeHistory(filepath.Join(cfg.workdir, "history.json"), history)
@@ -408,6 +480,9 @@ func yesNo(b bool) string {
 func injectFault(ctx context.Context, c *cluster, cfg faultConfig, fault string, rng *rand.Rand) (string, error) {
 	if fault == "none" {
 		return "nothing", nil
+	}
+	if netFaults[fault] {
+		return injectNetFault(ctx, c, cfg, fault, rng)
 	}
 	v, err := c.waitHealthy(ctx, cfg.recover)
 	if err != nil && fault != "kill-all" && fault != "restart" {

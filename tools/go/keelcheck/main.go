@@ -1,6 +1,7 @@
 // Command keelcheck checks an etcd-v3-API server (real etcd, or `keel serve`) for
 // linearizability under process faults (`keelcheck fault`) and for etcd KV semantics
-// (`keelcheck compat`). It only ever talks to 127.0.0.1.
+// (`keelcheck compat`). It talks to 127.0.0.1, or with `fault --netns` to members in network
+// namespaces it made itself.
 package main
 
 import (
@@ -18,6 +19,8 @@ func usage() {
   keelcheck fault --server-bin PATH [--nodes 3] [--rounds 5] [--round-secs 10] [--clients 8]
                   [--keys 10] --workdir DIR [--base-port 23790] [--seed N]
                   [--faults kill-leader,kill-follower,kill-all,restart] [--server-arg ARG]...
+                  [--netns [--partition-time 5s]]   (root: members in network namespaces,
+                  faults isolate-leader,isolate-follower,isolate-kill-leader,split,bridge,one-way,delay)
   keelcheck compat --endpoints 127.0.0.1:2379,... [--expect-members N]
 Run "keelcheck fault -h" or "keelcheck compat -h" for every flag.
 `)
@@ -42,11 +45,15 @@ func main() {
 	}
 }
 
+// clientDialOptions are added to every client; --netns sets a dialer that makes client
+// sockets inside the lab's hub namespace.
+var clientDialOptions []grpc.DialOption
+
 func newClient(endpoints []string, dialTimeout time.Duration) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{},
+		DialOptions: append([]grpc.DialOption{}, clientDialOptions...),
 	})
 }
