@@ -103,6 +103,9 @@ enum Command {
     Serve(Box<serve::ServeCommand>),
     /// Inspect and change cluster membership through a member's client URL.
     Cluster(serve::ClusterCommand),
+    /// Make a founding member's data directory of a new cluster from a snapshot (run once per
+    /// member with its `keel serve` flags, like `etcdutl snapshot restore`).
+    SnapshotRestore(Box<serve::RestoreCommand>),
     /// The benchmark's helper process (recovery and scale suites); not for direct use.
     #[command(name = "__bench-child", hide = true)]
     BenchChild {
@@ -235,6 +238,7 @@ fn run(command: Command) -> Result<u8, Failure> {
         }
         Command::Serve(cmd) => serve::serve(*cmd),
         Command::Cluster(cmd) => serve::cluster(cmd),
+        Command::SnapshotRestore(cmd) => serve::snapshot_restore(*cmd),
         Command::Verify { path } => commands::verify(&path),
         Command::Stats { path } => commands::stats(&path).map(|()| 0),
         Command::Get { path, table, key, encoding } => {

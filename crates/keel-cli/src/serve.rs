@@ -154,6 +154,12 @@ pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            _ = server.node.stopped() => {}
+        }
+        let fatal = server.node.fatal.lock().clone();
+        if let Some(why) = fatal {
+            server.stop().await;
+            return Err(Failure::runtime(anyhow::anyhow!("{why}")));
         }
         if !quiet {
             eprintln!("keel: stopping");
@@ -205,6 +211,42 @@ enum ClusterAction {
         /// Member id, hex.
         id: String,
     },
+    /// Save a member's state (`Maintenance.Snapshot`, as `etcdctl snapshot save`) to FILE;
+    /// `keel snapshot-restore` makes a new cluster from it.
+    SnapshotSave {
+        /// Where to write the snapshot (written to FILE.part, synced, renamed).
+        file: PathBuf,
+    },
+}
+
+/// Makes a data directory for one founding member of a new cluster from a snapshot.
+#[derive(Debug, Args)]
+pub struct RestoreCommand {
+    /// A snapshot from `keel cluster snapshot-save` or `etcdctl snapshot save` against keel.
+    snapshot: PathBuf,
+    /// The member's flags, exactly as it will be started with `keel serve`.
+    #[command(flatten)]
+    member: ServeCommand,
+}
+
+/// Writes the restored data directory; the member then starts with `keel serve` and the same
+/// flags.
+pub fn snapshot_restore(cmd: RestoreCommand) -> Result<u8, Failure> {
+    let bytes =
+        std::fs::read(&cmd.snapshot).map_err(|e| Failure::usage(anyhow::anyhow!("{}: {e}", cmd.snapshot.display())))?;
+    let config = cmd.member.config()?;
+    let revision = keel_cluster::restore_snapshot(&config, &bytes).map_err(|e| match e {
+        keel_cluster::StartError::Config(e) => Failure::usage(e),
+        other => Failure::usage(other),
+    })?;
+    println!(
+        "restored {} ({} bytes, revision {revision}) into {} for member {}; start it with keel serve and the same flags",
+        cmd.snapshot.display(),
+        bytes.len(),
+        config.data_dir.display(),
+        config.name
+    );
+    Ok(0)
 }
 
 fn parse_id(text: &str) -> Result<u64, Failure> {
@@ -294,6 +336,27 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
                 if let Some(m) = resp.member() {
                     println!("added member {:x}; start it with --initial-cluster-state existing", m.id());
                 }
+                Ok(0)
+            }
+            ClusterAction::SnapshotSave { file } => {
+                let mut stream = client.snapshot().await.map_err(Failure::runtime)?;
+                let part = file.with_extension("part");
+                let mut out = std::fs::File::create(&part).map_err(Failure::runtime)?;
+                let mut total = 0usize;
+                let mut finished = false;
+                while let Some(chunk) = stream.message().await.map_err(Failure::runtime)? {
+                    use std::io::Write;
+                    out.write_all(chunk.blob()).map_err(Failure::runtime)?;
+                    total += chunk.blob().len();
+                    finished = chunk.remaining_bytes() == 0;
+                }
+                if !finished {
+                    let _ = std::fs::remove_file(&part);
+                    return Err(Failure::runtime(anyhow::anyhow!("snapshot stream ended early")));
+                }
+                out.sync_all().map_err(Failure::runtime)?;
+                std::fs::rename(&part, &file).map_err(Failure::runtime)?;
+                println!("saved {total} bytes to {}", file.display());
                 Ok(0)
             }
             ClusterAction::Remove { id } => {

@@ -4,6 +4,7 @@
 //!
 //! See `docs/design/replication.md` for the failure cases and `docs/CLUSTER.md` for operation.
 
+pub mod backup;
 pub mod config;
 pub mod etcd_api;
 pub mod log_store;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer};
 
 pub use config::{ConfigError, ServeConfig, TlsFiles};
-pub use node::{Node, NodeError, StartError};
+pub use node::{restore_snapshot, Node, NodeError, StartError};
 
 /// A running member with its client listeners.
 pub struct Server {

@@ -113,6 +113,12 @@ impl LogStore {
         Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), jobs: tx, pending_committed })
     }
 
+    /// Whether the log holds nothing at all: no entry, no purge point, no vote.
+    pub fn is_empty(&self) -> bool {
+        let m = self.mirror.lock();
+        m.entries.is_empty() && m.purged.is_none() && m.vote.is_none()
+    }
+
     fn submit(&self, ops: Vec<Op>, done: Box<dyn FnOnce(io::Result<()>) + Send>) -> io::Result<()> {
         self.jobs.send(Job { ops, done }).map_err(|_| io::Error::other("raft log writer stopped"))
     }

@@ -347,7 +347,10 @@ impl PeerClient {
             tokio::time::sleep(d).await;
         }
         if faults::lost(self.from, self.to) {
-            return Err(CallError::Network(io::Error::new(io::ErrorKind::ConnectionAborted, "request lost (test fault)")));
+            return Err(CallError::Network(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "request lost (test fault)",
+            )));
         }
         let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };
         write_frame(w, req).await.map_err(CallError::Network)?;
@@ -356,7 +359,10 @@ impl PeerClient {
             tokio::time::sleep(d).await;
         }
         if faults::lost(self.to, self.from) {
-            return Err(CallError::Network(io::Error::new(io::ErrorKind::ConnectionAborted, "answer lost (test fault)")));
+            return Err(CallError::Network(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "answer lost (test fault)",
+            )));
         }
         Ok(resp)
     }

@@ -60,15 +60,16 @@ pub struct Node {
     peer_tls: PeerTls,
     /// Set once when the member stops; listeners and connections end on it.
     pub stopping: tokio::sync::watch::Sender<bool>,
+    /// Why the member stopped on its own (Raft hit a storage error), if it did.
+    pub fatal: Mutex<Option<String>>,
 }
 
 fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
     ConfigError::Io { dir: dir.display().to_string(), source: e }
 }
 
-/// Checks (or writes, for a new directory) the identity file; `Ok(true)` if the directory
-/// already held a member's state.
-fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Result<bool, ConfigError> {
+/// Checks (or writes, for a new directory) the identity file.
+fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Result<(), ConfigError> {
     std::fs::create_dir_all(dir).map_err(|e| io_cfg(dir, e))?;
     let path = dir.join(IDENTITY);
     let expected = format!("cluster {cluster_id:016x} member {member_id:016x} ({name})");
@@ -78,7 +79,7 @@ fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Re
             if found != expected {
                 return Err(ConfigError::ForeignDataDir { dir: dir.display().to_string(), found, expected });
             }
-            Ok(true)
+            Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if std::fs::read_dir(dir).map_err(|e| io_cfg(dir, e))?.next().is_some() {
@@ -93,7 +94,7 @@ fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Re
             std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
             std::fs::rename(&tmp, &path).map_err(|e| io_cfg(dir, e))?;
             std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
-            Ok(false)
+            Ok(())
         }
         Err(e) => Err(io_cfg(dir, e)),
     }
@@ -169,6 +170,36 @@ async fn resolve_identity(config: &ServeConfig, tls: &PeerTls, member_dir: &Path
     Err(StartError::Join(format!("no member of the cluster knows peer URLs {mine:?} (last answer: {last})")))
 }
 
+/// Makes `config.data_dir` a founding member of a new cluster whose state is `checkpoint` (a
+/// `Maintenance.Snapshot` stream, as `etcdctl snapshot save` writes it): like `etcdutl snapshot
+/// restore`, run once per member with that member's flags, then start each with `keel serve`
+/// and the same flags. Refuses a data directory that already holds anything. Returns the
+/// revision the new cluster continues from.
+pub fn restore_snapshot(config: &ServeConfig, snapshot: &[u8]) -> Result<i64, StartError> {
+    config.validate()?;
+    let checkpoint = crate::backup::decode(snapshot).map_err(StartError::Restore)?;
+    if config.join_existing {
+        return Err(StartError::Join("a restored member founds a new cluster: use --initial-cluster-state new".into()));
+    }
+    let member_dir = config.data_dir.join("member");
+    if member_dir.exists() {
+        return Err(StartError::Restore(format!(
+            "{} already holds a member; restore into a new --data-dir",
+            config.data_dir.display()
+        )));
+    }
+    let restored = claim_data_dir(&member_dir, config.cluster_id(), config.member_id(), &config.name)
+        .map_err(StartError::from)
+        .and_then(|()| {
+            crate::state_machine::restore(&member_dir.join("sm"), checkpoint).map_err(|e| io_cfg(&member_dir, e).into())
+        });
+    if restored.is_err() {
+        // The directory did not exist before: leave nothing half made.
+        let _ = std::fs::remove_dir_all(&member_dir);
+    }
+    restored
+}
+
 /// Errors starting a member.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -180,6 +211,8 @@ pub enum StartError {
     Listen { url: String, source: std::io::Error },
     #[error("cannot join the cluster: {0}")]
     Join(String),
+    #[error("cannot restore: {0}")]
+    Restore(String),
 }
 
 impl Node {
@@ -192,8 +225,9 @@ impl Node {
         let peer_tls = PeerTls::load(&config.peer_tls)?;
         let member_dir: PathBuf = config.data_dir.join("member");
         let (cluster_id, id) = resolve_identity(&config, &peer_tls, &member_dir).await?;
-        let existed = claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
+        claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
         let log = LogStore::open(&member_dir.join("raft")).map_err(|e| io_cfg(&member_dir, e))?;
+        let log_was_empty = log.is_empty();
         let sm = StateMachine::open(&member_dir.join("sm")).map_err(|e| io_cfg(&member_dir, e))?;
         let shared = Arc::clone(&sm.shared);
         let election_ms = config.election_timeout.as_millis() as u64;
@@ -228,6 +262,7 @@ impl Node {
             peers: Mutex::new(BTreeMap::new()),
             peer_tls,
             stopping: tokio::sync::watch::channel(false).0,
+            fatal: Mutex::new(None),
         });
         for url in &node.config.listen_peer_urls {
             let addr = network::url_addr(url);
@@ -235,13 +270,20 @@ impl Node {
                 TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
             tokio::spawn(accept_peers(listener, Arc::clone(&node), is_https(url)));
         }
-        // A storage error stops Raft on this member for good: say so, once.
+        // A storage error stops Raft on this member for good: say so, once, and stop the
+        // member (its listeners end and `keel serve` exits non-zero) instead of leaving a
+        // process that accepts connections and never answers.
         let watch = Arc::clone(&node);
         tokio::spawn(async move {
             let mut rx = watch.raft.metrics();
             loop {
                 if let Err(e) = &rx.borrow_watched().running_state {
-                    eprintln!("keel: raft stopped on member {:x}: {e}", watch.id);
+                    if !*watch.stopping.borrow() {
+                        let why = format!("raft stopped on member {:x}: {e}", watch.id);
+                        eprintln!("keel: {why}");
+                        *watch.fatal.lock() = Some(why);
+                        watch.stopping.send_replace(true);
+                    }
                     return;
                 }
                 let changed = tokio::select! {
@@ -253,7 +295,9 @@ impl Node {
                 }
             }
         });
-        if !existed && !node.config.join_existing {
+        // A new cluster's members propose the initial membership once, while their log is
+        // empty: a fresh data directory, or one made by `keel snapshot restore` (state, no log).
+        if log_was_empty && !node.config.join_existing {
             let members = node.config.initial_members();
             // A second member's initialize fails harmlessly once the log has the first's entry.
             let _ = node.raft.initialize(members).await;

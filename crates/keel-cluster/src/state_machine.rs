@@ -147,6 +147,49 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
     })
 }
 
+/// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
+/// `checkpoint`, a `Maintenance.Snapshot` stream. The stream is installed into a scratch store
+/// first (which checks it whole); then only the keys and the revision and compaction point are
+/// copied into a fresh store. The old cluster's applied position (which the engine keeps with
+/// the data and would refuse the new log's positions against), membership and published members
+/// stay behind, so the new cluster's log starts at its own first entry and revisions continue
+/// from the snapshot's. Checkpointed before returning (durable). Returns the revision.
+pub fn restore(dir: &Path, checkpoint: &[u8]) -> io::Result<i64> {
+    let scratch_dir = dir.join("restore.scratch");
+    let scratch = Database::open(&scratch_dir, Options::with_durability(Durability::Relaxed)).map_err(io_err)?;
+    let opts = InstallOptions { expected_bytes: Some(checkpoint.len() as u64), ..InstallOptions::default() };
+    let mut input = checkpoint;
+    scratch.install_checkpoint_with(&mut input, opts).map_err(io_err)?;
+    let from = scratch.begin_read().map_err(io_err)?;
+    let revision = read_i64(&from, REV_KEY)?;
+    let db = Database::open(dir.join("store"), Options::with_durability(Durability::Relaxed)).map_err(io_err)?;
+    let mut txn = db.begin_write().map_err(io_err)?;
+    let mut in_txn = 0usize;
+    for item in from.scan(mvcc::KV, keeldb::ScanRange::all()).map_err(io_err)? {
+        let (key, value) = item.map_err(io_err)?;
+        txn.put(mvcc::KV, &key, &value).map_err(io_err)?;
+        in_txn += 1;
+        if in_txn == 10_000 {
+            txn.commit().map_err(io_err)?;
+            txn = db.begin_write().map_err(io_err)?;
+            in_txn = 0;
+        }
+    }
+    for key in [REV_KEY, COMPACT_KEY] {
+        if let Some(v) = from.get(META, key).map_err(io_err)? {
+            txn.put(META, key, &v).map_err(io_err)?;
+        }
+    }
+    txn.commit().map_err(io_err)?;
+    drop(from);
+    db.checkpoint().map_err(io_err)?;
+    db.close().map_err(io_err)?;
+    scratch.close().map_err(io_err)?;
+    std::fs::remove_dir_all(&scratch_dir)?;
+    std::fs::create_dir_all(dir.join("snap"))?;
+    Ok(revision)
+}
+
 impl StateMachine {
     /// Opens the state machine's store in `dir` (relaxed durability; history kept in memory
     /// for reads at past revisions).

@@ -343,3 +343,105 @@ async fn a_member_added_with_member_add_joins_with_state_existing_and_restarts()
         s.stop().await;
     }
 }
+
+/// Backup and restore as etcd operators do it: `Maintenance.Snapshot` from a running member,
+/// then a new cluster made from the file. The keys, values and revision carry over; the old
+/// cluster's members do not. Garbage and an occupied data directory are refused and leave no
+/// member directory behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_saved_from_a_member_restores_into_a_new_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = base_ip(5);
+    let names = ["n1", "n2", "n3"];
+    let url = |i: usize| format!("http://{ip}:{}", 23790 + i);
+    let mut servers: Vec<Option<Server>> = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(start_retrying(config(dir.path(), &ip, &names, i)).await));
+    }
+    wait_leader(&servers).await;
+    let mut c = client(&url(1)).await;
+    for k in 0..300 {
+        c.put(format!("k{k:03}"), format!("v{k}"), None).await.unwrap();
+    }
+    let last = c.delete("k000", None).await.unwrap().header().unwrap().revision();
+    let mut stream = c.snapshot().await.unwrap();
+    let mut bytes = Vec::new();
+    let mut remaining = u64::MAX;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes.extend_from_slice(chunk.blob());
+        remaining = chunk.remaining_bytes();
+    }
+    assert_eq!(remaining, 0, "the stream says when it is complete");
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+
+    // A one-member cluster on other addresses, from the snapshot.
+    let new_dir = tempfile::tempdir().unwrap();
+    let new_ip = base_ip(6);
+    let mut cfg = config(new_dir.path(), &new_ip, &["r1"], 0);
+    cfg.initial_cluster_token = "restored".into();
+    let garbage = keel_cluster::restore_snapshot(&cfg, b"not a checkpoint");
+    assert!(garbage.is_err());
+    assert!(!cfg.data_dir.join("member").exists(), "a failed restore leaves nothing");
+    let revision = keel_cluster::restore_snapshot(&cfg, &bytes).unwrap();
+    assert_eq!(revision, last, "the revision of the last write before the snapshot");
+    assert!(keel_cluster::restore_snapshot(&cfg, &bytes).is_err(), "an occupied data dir is refused");
+    let server = start_retrying(cfg).await;
+    let mut r = client(&format!("http://{new_ip}:23790")).await;
+    let all = r.get("k", Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(all.count(), 299);
+    assert_eq!(all.kvs()[0].key(), b"k001");
+    assert_eq!(all.kvs()[0].value(), b"v1");
+    let next = r.put("new", "1", None).await.unwrap().header().unwrap().revision();
+    assert!(next > last, "revisions continue after the snapshot's ({next} > {last})");
+    let members = r.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 1);
+    assert_eq!(members.members()[0].name(), "r1");
+    server.stop().await;
+}
+
+/// A member whose Raft stops on a storage error stops as a whole (`stopped()` completes,
+/// `fatal` says why; `keel serve` exits non-zero on it) instead of holding its client ports
+/// open without ever answering. Provoked by a store whose engine keeps an applied log position
+/// that its tables forgot, so the engine refuses the first entry Raft applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_raft_stops_on_a_storage_error_stops_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = base_ip(7);
+    let source = Server::start(config(dir.path(), &ip, &["s1"], 0)).await.unwrap();
+    let mut c = client(&format!("http://{ip}:23790")).await;
+    for k in 0..20 {
+        c.put(format!("k{k}"), "v", None).await.unwrap();
+    }
+    let mut bytes = Vec::new();
+    let mut stream = c.snapshot().await.unwrap();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes.extend_from_slice(chunk.blob());
+    }
+    source.stop().await;
+
+    let other = tempfile::tempdir().unwrap();
+    let cfg = config(other.path(), &base_ip(8), &["f1"], 0);
+    let member_dir = cfg.data_dir.join("member");
+    let store = keeldb::Database::open(member_dir.join("sm").join("store"), keeldb::Options::default()).unwrap();
+    store.install_checkpoint(&mut keel_cluster::backup::decode(&bytes).unwrap()).unwrap();
+    // Forget the old cluster's position in the tables only (the engine still knows it).
+    let mut txn = store.begin_write().unwrap();
+    txn.delete("meta", b"applied").unwrap();
+    txn.delete("meta", b"membership").unwrap();
+    txn.commit().unwrap();
+    store.close().unwrap();
+    std::fs::write(
+        member_dir.join("identity"),
+        format!("cluster {:016x} member {:016x} ({})\n", cfg.cluster_id(), cfg.member_id(), cfg.name),
+    )
+    .unwrap();
+    let server = Server::start(cfg).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), server.node.stopped())
+        .await
+        .expect("the member must stop when its Raft does");
+    let why = server.node.fatal.lock().clone().expect("and say why");
+    assert!(why.contains("raft stopped"), "{why}");
+    server.stop().await;
+}

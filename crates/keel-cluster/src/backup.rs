@@ -1,0 +1,59 @@
+//! The file `Maintenance.Snapshot` streams, shaped the way etcd's tools check it: `etcdctl
+//! snapshot save` refuses a stream whose length is not 32 more than a multiple of 512 and
+//! whose last 32 bytes are not the SHA-256 of the rest (etcd's are a bbolt file plus that hash).
+//!
+//! Layout: the KeelDB checkpoint stream, zero padding, the stream's length (u64, little-endian)
+//! in the last 8 bytes before the hash, then SHA-256 of everything before it.
+
+use sha2::{Digest, Sha256};
+
+const ALIGN: usize = 512;
+const HASH: usize = 32;
+
+/// Wraps a checkpoint stream into a snapshot file.
+pub fn encode(checkpoint: &[u8]) -> Vec<u8> {
+    let body = (checkpoint.len() + 8).div_ceil(ALIGN) * ALIGN;
+    let mut out = Vec::with_capacity(body + HASH);
+    out.extend_from_slice(checkpoint);
+    out.resize(body - 8, 0);
+    out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
+    let hash = Sha256::digest(&out);
+    out.extend_from_slice(&hash);
+    out
+}
+
+/// The checkpoint stream inside a snapshot file, after checking its shape and hash.
+pub fn decode(file: &[u8]) -> Result<&[u8], String> {
+    if file.len() < ALIGN + HASH || file.len() % ALIGN != HASH {
+        return Err(format!("not a keel snapshot: {} bytes is not a multiple of {ALIGN} plus {HASH}", file.len()));
+    }
+    let (body, hash) = file.split_at(file.len() - HASH);
+    if Sha256::digest(body).as_slice() != hash {
+        return Err("snapshot checksum mismatch: the file is damaged or not a keel snapshot".into());
+    }
+    let len_at = body.len() - 8;
+    let mut len = [0u8; 8];
+    len.copy_from_slice(body.get(len_at..).unwrap_or_default());
+    let len = usize::try_from(u64::from_le_bytes(len)).map_err(|_| "snapshot length out of range".to_string())?;
+    body.get(..len).filter(|_| len <= len_at).ok_or_else(|| "snapshot length past its end".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_with_etcds_shape_and_refuses_damage() {
+        for n in [0usize, 1, 503, 504, 505, 512, 5000] {
+            let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let file = encode(&data);
+            assert_eq!(file.len() % ALIGN, HASH, "etcdctl's check");
+            assert_eq!(decode(&file).map(<[u8]>::to_vec), Ok(data));
+        }
+        let mut file = encode(b"checkpoint");
+        file[3] ^= 1;
+        assert!(decode(&file).is_err());
+        assert!(decode(b"short").is_err());
+        assert!(decode(&[0u8; 544]).is_err());
+    }
+}
