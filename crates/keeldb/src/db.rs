@@ -112,6 +112,11 @@ pub struct Stats {
     pub batches: u64,
     /// fdatasync calls on the WAL since open.
     pub wal_syncs: u64,
+    /// Group-commit leaders that waited (bounded) for other active `sync` committers to queue
+    /// before writing their batch. Zero while only one thread commits.
+    pub gather_waits: u64,
+    /// Of those waits, the ones that gave up on a committer that did not queue in time.
+    pub gather_timeouts: u64,
     /// The state digest at `last_commit_ts`.
     pub digest: StateDigest,
     /// The recovery report from open.
@@ -659,6 +664,8 @@ impl Inner {
             commits: counters.commits.load(Ordering::Relaxed),
             batches: counters.batches.load(Ordering::Relaxed),
             wal_syncs: counters.wal_syncs.load(Ordering::Relaxed),
+            gather_waits: counters.gather_waits.load(Ordering::Relaxed),
+            gather_timeouts: counters.gather_timeouts.load(Ordering::Relaxed),
             digest: *view.digest.lock(),
             recovery: self.recovery.clone(),
             accounting: self.accounting.lock().snapshot(),

@@ -152,3 +152,91 @@ fn failed_write_poisons() {
     let db = open_counting(&t.path(), &fs, Durability::Relaxed);
     assert_eq!(get(&db, "t", b"a").as_deref(), Some(&b"1"[..]));
 }
+
+/// A store on the simulated disk whose fdatasync takes `sync_delay` (so a gather has a bound to
+/// wait within), background threads off.
+fn open_slow_sync(sync_delay: std::time::Duration, d: Durability) -> (keel_testkit::sim::SimFs, Database) {
+    let fs = keel_testkit::sim::SimFs::new(1);
+    fs.set_sync_delay(sync_delay);
+    let path = std::path::PathBuf::from("/store");
+    fs.create_dir_durable(&path).unwrap();
+    let options = Options { durability: d, fs: Arc::new(fs.clone()), background_threads: false, ..Options::default() };
+    let db = Database::open(&path, options).unwrap();
+    (fs, db)
+}
+
+#[test]
+fn a_lone_writer_never_waits_to_gather() {
+    let (_fs, db) = open_slow_sync(std::time::Duration::from_millis(1), Durability::Sync);
+    let before = db.stats();
+    for i in 0..100u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    let after = db.stats();
+    assert_eq!(after.gather_waits, 0, "a leader waited for other committers though only one thread commits");
+    assert_eq!(after.wal_syncs - before.wal_syncs, 100, "each commit of a lone writer has its own fdatasync");
+}
+
+#[test]
+fn a_writer_that_went_idle_delays_at_most_one_batch() {
+    let (_fs, db) = open_slow_sync(std::time::Duration::from_millis(1), Durability::Sync);
+    // Another thread commits once and never again: it is "returning" only until one leader
+    // has waited the bound for it.
+    std::thread::scope(|s| {
+        s.spawn(|| put(&db, "t", b"other", b"v"));
+    });
+    for i in 0..100u32 {
+        put(&db, "t", &i.to_be_bytes(), b"v");
+    }
+    let stats = db.stats();
+    assert!(stats.gather_waits <= 1, "{} gathers waited for a thread that had gone", stats.gather_waits);
+    assert_eq!(stats.gather_timeouts, stats.gather_waits, "the one wait can only have timed out");
+}
+
+#[test]
+fn relaxed_committers_never_wait_to_gather() {
+    let (_fs, db) = open_slow_sync(std::time::Duration::from_millis(1), Durability::Relaxed);
+    let mut tx = db.begin_write_with(keeldb::TxnOptions { durability: Some(Durability::Sync), ..Default::default() });
+    // One sync commit first, so the fdatasync average (the gather's bound) is not zero.
+    tx.as_mut().unwrap().put("t", b"sync", b"v").unwrap();
+    tx.unwrap().commit().unwrap();
+    std::thread::scope(|s| {
+        for th in 0..2u32 {
+            let db = &db;
+            s.spawn(move || {
+                for i in 0..200u32 {
+                    put(db, "t", format!("{th}-{i}").as_bytes(), b"v");
+                }
+            });
+        }
+    });
+    assert_eq!(db.stats().gather_waits, 0, "a batch without a sync commit has no fdatasync to share");
+}
+
+#[test]
+fn two_sync_writers_share_fdatasyncs() {
+    // With one fdatasync in flight and no gather, two writers alternate: one commit per
+    // fdatasync. The gather waits for the writer whose commit was just published.
+    let (_fs, db) = open_slow_sync(std::time::Duration::from_millis(2), Durability::Sync);
+    let per = 100u32;
+    let before = db.stats();
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        for th in 0..2u32 {
+            let (db, barrier) = (&db, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..per {
+                    put(db, "t", format!("{th}-{i}").as_bytes(), b"v");
+                }
+            });
+        }
+    });
+    let after = db.stats();
+    let (commits, syncs) = (after.commits - before.commits, after.wal_syncs - before.wal_syncs);
+    assert_eq!(commits, u64::from(2 * per));
+    assert!(after.gather_waits > 0, "no leader waited for the other writer");
+    // Counted, not timed: at least a fifth of the fdatasyncs carried both writers' commits
+    // (without the gather, nearly none do).
+    assert!(syncs * 6 <= commits * 5, "{commits} commits took {syncs} fdatasyncs");
+}

@@ -277,7 +277,7 @@ impl Committer {
         }
         let refused = match self.enqueue_many(requests) {
             Ok(true) => {
-                self.lead_while_work();
+                self.lead_while_work(true);
                 false
             }
             Ok(false) => false,

@@ -82,7 +82,7 @@ impl Committer {
                 }
                 Role::LeadNow => {
                     commit.role = Role::Follower;
-                    self.lead_while_work();
+                    self.lead_while_work(false);
                 }
                 Role::Follower => {}
             }
@@ -119,7 +119,7 @@ impl Committer {
         if holds_leadership && self.release_gather() {
             // Nobody live is queued to take over: lead inline so the queued commits (this one
             // included) complete.
-            self.lead_while_work();
+            self.lead_while_work(false);
         }
     }
 }

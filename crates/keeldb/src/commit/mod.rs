@@ -95,6 +95,10 @@ pub(crate) struct Counters {
     pub batches: AtomicU64,
     pub wal_syncs: AtomicU64,
     pub wal_bytes_since_checkpoint: AtomicU64,
+    /// Leaders that waited for returning committers before writing (see `gather_queue`).
+    pub gather_waits: AtomicU64,
+    /// Gathers that stopped awaiting a committer that did not come back within the bound.
+    pub gather_timeouts: AtomicU64,
 }
 
 /// State for periodic durability: the earliest moment the WAL must be synced by.
@@ -327,7 +331,7 @@ impl Committer {
         while !self.pipeline.is_idle(seq.next_batch) {
             drop(seq);
             if self.try_take_leadership() {
-                self.lead_while_work();
+                self.lead_while_work(false);
             } else {
                 std::thread::sleep(Duration::from_micros(200));
             }

@@ -11,19 +11,28 @@
 //! flight at a time (handing off before it made batches of one). Batches publish strictly in
 //! order: a finished batch is marked ready, and whoever holds the publish lock applies every
 //! ready batch in sequence to the index, advances the visible timestamp and wakes their
-//! committers, so no thread waits for a particular other one to be scheduled. There is no
-//! timer: an idle database never delays a commit.
+//! committers, so no thread waits for a particular other one to be scheduled.
+//!
+//! The gather: with one fdatasync in flight, a few writers would alternate (two writers: one
+//! commit per fdatasync, each waking the other). So a leader about to write a `sync` batch first
+//! waits for the blocking committers whose `sync` commits were just published and that have not
+//! queued again (the committers known to be active), at most half a typical fdatasync, only
+//! while they keep arriving, and only when they are few (at most four per core; more writers
+//! already fill two alternating batches). There is no timer otherwise: a lone writer is never
+//! awaited (its own thread is excluded), a writer that went idle is awaited at most once, and
+//! futures never wait (they batch by yielding, `future.rs`).
 //!
 //! A failed write or fsync poisons the database: that batch and every later one fail, nothing
 //! of them becomes visible, and later commits are refused until reopen. This module never
 //! reaches the database handle; it only uses the committer's own state.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::apply::BatchOverlay;
 use super::request::{CommitRequest, Sequencer, TableApply};
@@ -77,7 +86,19 @@ struct Gather {
     /// that is never polled again, or whose thread blocks in a blocking commit, stalls nobody.
     reserved: Option<u64>,
     next_reservation: u64,
+    /// Threads whose `sync` commits were published recently and that have not queued a commit
+    /// since, with when they were woken: the committers known to be active. A leader about to
+    /// write a `sync` batch waits (bounded) for them; see [`Committer::gather_queue`].
+    returning: Vec<(ThreadId, Instant)>,
+    /// A leader is waiting for returning committers: an arrival notifies `Pipeline::arrived`.
+    gathering: bool,
 }
+
+/// At most this many returning committers are remembered (the oldest are forgotten first).
+const RETURNING_MAX: usize = 256;
+
+/// The longest a leader ever waits for returning committers, whatever the fdatasync costs.
+const GATHER_MAX: Duration = Duration::from_millis(1);
 
 impl Gather {
     /// Takes leadership when it is free or only reserved by a yielding future.
@@ -88,6 +109,30 @@ impl Gather {
         self.leader_active = true;
         self.reserved = None;
         true
+    }
+
+    /// The calling thread queued a commit: it is no longer awaited.
+    fn arrive(&mut self, me: ThreadId, arrived: &Condvar) {
+        if let Some(at) = self.returning.iter().position(|(id, _)| *id == me) {
+            self.returning.swap_remove(at);
+            if self.gathering {
+                arrived.notify_one();
+            }
+        }
+    }
+
+    /// Remembers the threads of a published batch's `sync` commits as returning.
+    fn note_returning(&mut self, threads: impl Iterator<Item = ThreadId>, now: Instant) {
+        for id in threads {
+            match self.returning.iter_mut().find(|(seen, _)| *seen == id) {
+                Some(entry) => entry.1 = now,
+                None => self.returning.push((id, now)),
+            }
+        }
+        if self.returning.len() > RETURNING_MAX {
+            self.returning.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+            self.returning.truncate(RETURNING_MAX);
+        }
     }
 }
 
@@ -109,10 +154,29 @@ struct Publish {
 }
 
 /// The queue committers join and the in-order publication of finished batches.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Pipeline {
     gather: Mutex<Gather>,
+    /// Signalled when an awaited committer queues while a leader is gathering.
+    arrived: Condvar,
     publish: Mutex<Publish>,
+    /// A moving average of the WAL fdatasync's duration, in nanoseconds: bounds the gather.
+    sync_ns: AtomicU64,
+    /// The most returning committers a leader waits for (four per core).
+    gather_threads_max: usize,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Pipeline {
+            gather: Mutex::default(),
+            arrived: Condvar::new(),
+            publish: Mutex::default(),
+            sync_ns: AtomicU64::new(0),
+            gather_threads_max: 4 * cores,
+        }
+    }
 }
 
 impl Pipeline {
@@ -128,6 +192,21 @@ impl Pipeline {
     pub fn is_idle(&self, next_batch: u64) -> bool {
         let g = self.gather.lock();
         !g.leader_active && g.pending.is_empty() && self.publish.lock().next_batch == next_batch
+    }
+
+    /// Folds one fdatasync's duration into the moving average (weight 1/8).
+    fn record_sync(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.sync_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        self.sync_ns.store(new, Ordering::Relaxed);
+    }
+
+    /// How long a leader may wait for returning committers: half a typical fdatasync (so a
+    /// wait that finds nobody costs at most half a commit's latency, once), at most
+    /// [`GATHER_MAX`].
+    fn gather_bound(&self) -> Duration {
+        Duration::from_nanos(self.sync_ns.load(Ordering::Relaxed) / 2).min(GATHER_MAX)
     }
 }
 
@@ -149,7 +228,7 @@ impl Committer {
         self.check_writable()?;
         let waiter = Waiter::new();
         if self.enqueue(req, &waiter, None, true)? {
-            self.lead_while_work();
+            self.lead_while_work(true);
         }
         self.wait_outcome(&waiter).into_result()
     }
@@ -160,7 +239,7 @@ impl Committer {
             match waiter.wait() {
                 Slot::TryLead => {
                     if self.try_take_leadership() {
-                        self.lead_while_work();
+                        self.lead_while_work(true);
                     }
                 }
                 Slot::Done(outcome) => return outcome,
@@ -175,6 +254,7 @@ impl Committer {
         let mut g = self.pipeline.gather.lock();
         self.check_writable()?;
         g.pending.extend(requests.into_iter().map(|(req, waiter)| Queued { req, waiter, pin: None }));
+        g.arrive(std::thread::current().id(), &self.pipeline.arrived);
         Ok(!g.pending.is_empty() && g.take())
     }
 
@@ -191,6 +271,9 @@ impl Committer {
         // Checked under the queue lock: close waits for this queue to drain.
         self.check_writable()?;
         g.pending.push(Queued { req, waiter: Arc::clone(waiter), pin });
+        if !waiter.is_async() {
+            g.arrive(std::thread::current().id(), &self.pipeline.arrived);
+        }
         Ok(claim && g.take())
     }
 
@@ -227,10 +310,12 @@ impl Committer {
     /// thread that is already running leads, instead of waiting for a woken one to be
     /// scheduled (with many runnable threads on few cores that wait dominated). Leadership that
     /// could not be handed to anyone (every queued committer is a dropped future) is kept.
-    pub(super) fn lead_while_work(&self) {
+    /// `may_gather`: the caller is a thread that may block (not a future on a runtime thread),
+    /// so it may wait for returning committers before writing a batch.
+    pub(super) fn lead_while_work(&self, may_gather: bool) {
         let mut rounds = 0;
         loop {
-            if self.lead() {
+            if self.lead(may_gather) {
                 continue;
             }
             rounds += 1;
@@ -242,11 +327,11 @@ impl Committer {
 
     /// Leads one batch: everything queued now (the caller's own commit is in it). Returns
     /// whether the caller is still the leader (see [`Committer::release_gather`]).
-    fn lead(&self) -> bool {
+    fn lead(&self, may_gather: bool) -> bool {
         if !self.commit_delay.is_zero() {
             std::thread::sleep(self.commit_delay);
         }
-        let queued = std::mem::take(&mut self.pipeline.gather.lock().pending);
+        let queued = self.gather_queue(may_gather);
         let Some(batch) = self.sequence(queued) else {
             return self.release_gather();
         };
@@ -255,7 +340,9 @@ impl Committer {
         let written = self.write_frames(&batch.frames, batch.first_lsn, last_ts);
         let result = written.and_then(|(file, end, path)| {
             if needs_sync {
+                let started = Instant::now();
                 file.sync_data().map_err(|e| Failure::Poisoned(self.poison(&Error::io(path, e).to_string())))?;
+                self.pipeline.record_sync(started.elapsed());
                 self.counters.wal_syncs.fetch_add(1, Ordering::Relaxed);
                 self.durable_lsn.fetch_max(end, Ordering::AcqRel);
             }
@@ -266,6 +353,59 @@ impl Committer {
         let still_leading = self.release_gather();
         self.publish(batch, result);
         still_leading
+    }
+
+    /// Takes the gather queue. When it holds a `sync` commit and committers whose `sync`
+    /// commits were just published have not queued again yet (other writers are known to be
+    /// active and about to come back), first waits for them, at most
+    /// [`Pipeline::gather_bound`] after each was woken: with one fdatasync in flight, two
+    /// writers would otherwise alternate, one commit per fdatasync. A thread that does not
+    /// come back within the bound is forgotten until it commits again, so a writer that went
+    /// idle delays at most one batch, once. The leader's own thread is never awaited (it cannot
+    /// queue while it leads), so a lone writer never waits.
+    fn gather_queue(&self, may_gather: bool) -> Vec<Queued> {
+        let mut g = self.pipeline.gather.lock();
+        let me = std::thread::current().id();
+        if let Some(at) = g.returning.iter().position(|(id, _)| *id == me) {
+            g.returning.swap_remove(at);
+        }
+        let bound = self.pipeline.gather_bound();
+        let wants_sync = || g.pending.iter().any(|q| q.req.durability.needs_sync());
+        if !may_gather || g.returning.is_empty() || bound.is_zero() || !wants_sync() {
+            return std::mem::take(&mut g.pending);
+        }
+        let started = Instant::now();
+        g.returning.retain(|(_, at)| *at + bound > started);
+        // Woken threads come back only as fast as the cores run them: past a few per core the
+        // wait grows with their number, and the pipelined fdatasync already halves the writers
+        // into two full batches, so the gather is only for a few writers.
+        if g.returning.is_empty() || g.returning.len() > self.pipeline.gather_threads_max {
+            return std::mem::take(&mut g.pending);
+        }
+        self.counters.gather_waits.fetch_add(1, Ordering::Relaxed);
+        g.gathering = true;
+        let give_up = started + bound;
+        // Once someone has come back, the others are awaited only while they keep coming: on
+        // a busy machine the last few woken threads may not be scheduled for a long time, and
+        // the batch should not wait for them with most of it already queued.
+        let gap = bound / 4;
+        let mut stall = give_up;
+        while !g.returning.is_empty() {
+            let latest = g.returning.iter().map(|(_, at)| *at + bound).max().unwrap_or(give_up);
+            let timed_out = self.pipeline.arrived.wait_until(&mut g, latest.min(give_up).min(stall)).timed_out();
+            let now = Instant::now();
+            if !timed_out {
+                stall = now + gap;
+                continue;
+            }
+            // Whoever did not come back within the bound went idle (or is slow): stop awaiting
+            // them until they commit again. The first timeout ends the gather.
+            g.returning.retain(|(_, at)| *at + bound > now);
+            self.counters.gather_timeouts.fetch_add(1, Ordering::Relaxed);
+            break;
+        }
+        g.gathering = false;
+        std::mem::take(&mut g.pending)
     }
 
     /// Validates and encodes the queued commits in order; answers the ones that conflict.
@@ -444,6 +584,13 @@ impl Committer {
                 p.next_batch += 1;
                 done.push(ready);
             }
+        }
+        // Noted before anyone is woken, so a woken committer's next enqueue finds its entry.
+        let returning = done.iter().filter(|r| r.result.is_ok()).flat_map(|r| r.commits.iter());
+        let mut returning =
+            returning.filter(|c| c.durability.needs_sync()).filter_map(|c| c.waiter.thread_id()).peekable();
+        if returning.peek().is_some() {
+            self.pipeline.gather.lock().note_returning(returning, Instant::now());
         }
         for ready in done {
             for c in &ready.commits {

@@ -132,6 +132,11 @@ impl Waiter {
         self.thread.is_none()
     }
 
+    /// The blocking owner's thread, `None` for a future.
+    pub fn thread_id(&self) -> Option<std::thread::ThreadId> {
+        self.thread.as_ref().map(std::thread::Thread::id)
+    }
+
     /// Fills the slot and wakes its owner. Returns false (and changes nothing) when asked to
     /// hand leadership to an owner that is gone.
     pub fn set(&self, s: Slot) -> bool {
