@@ -251,7 +251,9 @@ async fn bad_input_from_clients_and_peers_gets_errors_and_changes_nothing() {
         to: node.id,
     };
     keel_cluster::network::write_frame(&mut s, &hello).await.unwrap();
-    keel_cluster::network::write_frame(&mut s, &keel_cluster::network::PeerRequest::ReadIndex).await.unwrap();
+    // The member may already have closed the connection after the hello: then this write
+    // fails (broken pipe), which is the same refusal seen earlier.
+    let _ = keel_cluster::network::write_frame(&mut s, &keel_cluster::network::PeerRequest::ReadIndex).await;
     let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0, "a peer of another cluster must get no answer");
 
