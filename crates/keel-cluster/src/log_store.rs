@@ -185,7 +185,7 @@ fn writer(
                 _ => None,
             }
         };
-        let result = commit_jobs(&db, &jobs, committed.map(|c| encode(&c)).transpose().ok().flatten());
+        let result = commit_jobs(&db, &jobs, committed.and_then(|c| encode(&c).ok()));
         for job in jobs {
             (job.done)(result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
         }

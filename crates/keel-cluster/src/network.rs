@@ -143,6 +143,21 @@ pub mod faults {
         })
     }
 
+    /// Carries one message (`what`) from `a` to `b` through the link's injected delay and loss:
+    /// waits the drawn delay, then fails if the message is lost.
+    pub async fn pass(a: u64, b: u64, what: &str) -> std::io::Result<()> {
+        if let Some(d) = delay(a, b) {
+            tokio::time::sleep(d).await;
+        }
+        if lost(a, b) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                format!("{what} lost (test fault)"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the next message from `a` to `b` is lost.
     pub fn lost(a: u64, b: u64) -> bool {
         if !ANY.load(Ordering::Acquire) {
@@ -343,27 +358,11 @@ impl PeerClient {
             write_frame(&mut w, &hello).await.map_err(CallError::Unreachable)?;
             self.conn = Some((BufReader::new(r), w));
         }
-        if let Some(d) = faults::delay(self.from, self.to) {
-            tokio::time::sleep(d).await;
-        }
-        if faults::lost(self.from, self.to) {
-            return Err(CallError::Network(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "request lost (test fault)",
-            )));
-        }
+        faults::pass(self.from, self.to, "request").await.map_err(CallError::Network)?;
         let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };
         write_frame(w, req).await.map_err(CallError::Network)?;
         let resp = read_frame(r).await.map_err(CallError::Network)?;
-        if let Some(d) = faults::delay(self.to, self.from) {
-            tokio::time::sleep(d).await;
-        }
-        if faults::lost(self.to, self.from) {
-            return Err(CallError::Network(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "answer lost (test fault)",
-            )));
-        }
+        faults::pass(self.to, self.from, "answer").await.map_err(CallError::Network)?;
         Ok(resp)
     }
 }

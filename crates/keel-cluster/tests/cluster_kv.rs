@@ -4,44 +4,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+mod common;
+
 use keel_cluster::{ServeConfig, Server};
 use openraft::async_runtime::WatchReceiver;
 
-/// A loopback address of this test's own (127.x.y.z, distinct per test and process), so fixed
-/// ports never collide with other tests or a running etcd.
 fn base_ip(test: u8) -> String {
-    let pid = std::process::id();
-    format!("127.{}.{}.{}", 10 + test, (pid >> 8) as u8, (pid as u8).max(2) & 0xfe)
+    common::loopback_ip(10 + test)
 }
 
 fn config(dir: &Path, ip: &str, names: &[&str], i: usize) -> ServeConfig {
-    let peer = |n: usize| format!("http://{ip}:{}", 23800 + n);
-    let client = |n: usize| format!("http://{ip}:{}", 23790 + n);
-    let mut initial = BTreeMap::new();
-    for (n, name) in names.iter().enumerate() {
-        initial.insert(name.to_string(), vec![peer(n)]);
-    }
-    ServeConfig {
-        name: names[i].to_string(),
-        data_dir: dir.join(names[i]),
-        listen_client_urls: vec![client(i)],
-        advertise_client_urls: vec![client(i)],
-        listen_peer_urls: vec![peer(i)],
-        initial_advertise_peer_urls: vec![peer(i)],
-        initial_cluster: initial,
-        initial_cluster_token: "test".into(),
-        join_existing: false,
-        heartbeat_interval: Duration::from_millis(50),
-        election_timeout: Duration::from_millis(400),
-        snapshot_count: 50,
-        max_request_bytes: 64 * 1024,
-        ..ServeConfig::default()
-    }
+    common::member_config(dir, "http", ip, (23790, 23800), names, i, "test")
 }
 
 async fn start_retrying(cfg: ServeConfig) -> Server {

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
 use keel_cluster::network::faults;
 use keel_cluster::{ServeConfig, Server};
+
+mod common;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
@@ -43,24 +45,10 @@ struct Event {
 }
 
 fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
-    let peer = |n: usize| format!("http://{ip}:{}", 23900 + n);
-    let client = |n: usize| format!("http://{ip}:{}", 23890 + n);
-    let names = ["p1", "p2", "p3"];
     ServeConfig {
-        name: names[i].into(),
-        data_dir: dir.join(names[i]),
-        listen_client_urls: vec![client(i)],
-        advertise_client_urls: vec![client(i)],
-        listen_peer_urls: vec![peer(i)],
-        initial_advertise_peer_urls: vec![peer(i)],
-        initial_cluster: names.iter().enumerate().map(|(n, name)| (name.to_string(), vec![peer(n)])).collect(),
-        initial_cluster_token: "partitions".into(),
-        join_existing: false,
-        heartbeat_interval: Duration::from_millis(50),
         election_timeout: Duration::from_millis(300),
         snapshot_count: 200,
-        max_request_bytes: 64 * 1024,
-        ..ServeConfig::default()
+        ..common::member_config(dir, "http", ip, (23890, 23900), &["p1", "p2", "p3"], i, "partitions")
     }
 }
 

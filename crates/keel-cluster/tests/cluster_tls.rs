@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,13 +12,13 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use keel_cluster::network::{read_frame, write_frame, Hello, PeerRequest, PeerResponse};
 use keel_cluster::tls::PeerTls;
 use keel_cluster::{ServeConfig, Server, TlsFiles};
+
+mod common;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A loopback address of this test's own (127.x.y.z, distinct per test and process).
 fn base_ip(test: u8) -> String {
-    let pid = std::process::id();
-    format!("127.{}.{}.{}", 40 + test, (pid >> 8) as u8, (pid as u8).max(2) & 0xfe)
+    common::loopback_ip(40 + test)
 }
 
 /// A certificate authority and the files of the certificates it issued.
@@ -106,28 +105,12 @@ impl Pki {
 }
 
 fn config(dir: &Path, pki: &Pki, ip: &str, names: &[&str], i: usize) -> ServeConfig {
-    let peer = |n: usize| format!("https://{ip}:{}", 24800 + n);
-    let client = |n: usize| format!("https://{ip}:{}", 24790 + n);
-    let mut initial = BTreeMap::new();
-    for (n, name) in names.iter().enumerate() {
-        initial.insert(name.to_string(), vec![peer(n)]);
-    }
     let (client_tls, peer_tls) = pki.member_tls(names[i], ip);
     ServeConfig {
-        name: names[i].to_string(),
-        data_dir: dir.join(names[i]),
-        listen_client_urls: vec![client(i)],
-        advertise_client_urls: vec![client(i)],
-        listen_peer_urls: vec![peer(i)],
-        initial_advertise_peer_urls: vec![peer(i)],
-        initial_cluster: initial,
-        initial_cluster_token: "tls-test".into(),
-        heartbeat_interval: Duration::from_millis(50),
-        election_timeout: Duration::from_millis(400),
-        snapshot_count: 50,
+        max_request_bytes: ServeConfig::default().max_request_bytes,
         client_tls,
         peer_tls,
-        ..ServeConfig::default()
+        ..common::member_config(dir, "https", ip, (24790, 24800), names, i, "tls-test")
     }
 }
 
