@@ -152,6 +152,19 @@ struct Slot {
     gc: GcState,
 }
 
+impl Slot {
+    /// The lowest horizon at which collecting this chain frees something: pruning from the
+    /// second-oldest version's timestamp on, or removing a lone tombstone from its own.
+    fn gc_due_at(&self) -> u64 {
+        let tombstone_alone = self.head.value.is_none() && self.head.older.is_none();
+        if tombstone_alone {
+            self.head.ts.min(self.gc.prunable_at())
+        } else {
+            self.gc.prunable_at()
+        }
+    }
+}
+
 /// Per chain, what the collector needs without walking the chain: the horizon from which
 /// pruning frees something (the second-oldest version's timestamp), and whether the key is on
 /// the candidate list. Without it every write (and every collector visit) walked the whole
@@ -197,6 +210,17 @@ pub(crate) struct TableData {
     order: BTreeSet<Key>,
     /// Keys whose head is a tombstone or that have older versions: the collector's work list.
     gc_candidates: Vec<Key>,
+    /// The collector visits the list in passes. Keys the current pass has still to visit
+    /// (0: no pass under way).
+    gc_pass_left: usize,
+    /// Lowest [`Slot::gc_due_at`] among the keys the current pass kept on the list.
+    gc_pass_min: u64,
+    /// Lowest `gc_due_at` among the keys the last complete pass kept: below that horizon a new
+    /// pass could free nothing (0, the default, means "unknown": always due).
+    gc_next: u64,
+    /// Lowest `gc_due_at` of keys queued or changed by writes since the current or last pass
+    /// began (0: unknown).
+    gc_written_min: u64,
     /// Live (non-tombstone head) keys and their key+value bytes, at the newest applied version.
     live_keys: u64,
     live_bytes: u64,
@@ -380,6 +404,9 @@ impl TableData {
                 if pushed_candidate {
                     slot.gc.set_queued(true);
                 }
+                if slot.gc.queued() {
+                    self.gc_written_min = self.gc_written_min.min(slot.gc_due_at());
+                }
             }
             None => {
                 if value.is_none() {
@@ -402,7 +429,14 @@ impl TableData {
     /// Prunes the collector's candidates against `horizon`; removes keys whose only visible
     /// state is a tombstone nobody can see past. Returns how many candidates were processed.
     pub fn collect(&mut self, horizon: u64, budget: usize) -> usize {
-        let take = self.gc_candidates.len().min(budget);
+        if self.gc_pass_left == 0 {
+            // A new pass visits every key now on the list, including those written since the
+            // last one began.
+            self.gc_pass_left = self.gc_candidates.len();
+            self.gc_pass_min = GcState::NEVER;
+            self.gc_written_min = GcState::NEVER;
+        }
+        let take = self.gc_candidates.len().min(budget).min(self.gc_pass_left);
         let batch: Vec<Key> = self.gc_candidates.drain(..take).collect();
         let mut keep = Vec::new();
         for key in batch {
@@ -420,6 +454,7 @@ impl TableData {
                     } else {
                         if head.older.is_some() || head.value.is_none() {
                             slot.gc.set_queued(true);
+                            self.gc_pass_min = self.gc_pass_min.min(slot.gc_due_at());
                             keep.push(key.clone());
                         }
                         false
@@ -432,9 +467,23 @@ impl TableData {
         }
         // Chains still too young to prune go back on the list (each key is on it at most once).
         self.gc_candidates.extend(keep);
+        self.gc_pass_left -= take;
+        if self.gc_pass_left == 0 {
+            self.gc_next = self.gc_pass_min;
+        }
         take
     }
 
+    /// Whether [`TableData::collect`] at `horizon` could free anything. False when the last
+    /// complete pass found every listed chain too young for `horizon` and no write has queued
+    /// or changed one since: a store keeping history (the cluster's state machine, where the
+    /// horizon stays put until a compaction) then pays nothing per tick instead of revisiting
+    /// every key it ever overwrote under the table's write lock.
+    pub fn gc_due(&self, horizon: u64) -> bool {
+        !self.gc_candidates.is_empty() && (self.gc_pass_left > 0 || horizon >= self.gc_next.min(self.gc_written_min))
+    }
+
+    #[cfg(test)]
     pub fn pending_gc(&self) -> usize {
         self.gc_candidates.len()
     }
@@ -600,6 +649,45 @@ mod tests {
         assert_eq!(slot, Some(61));
         apply(&mut t, b"k", Some(b"x"), 101, 100);
         assert_eq!(t.chain_depth(b"k"), 2, "a write at horizon 100 keeps 100 (visible there) and 101");
+    }
+
+    #[test]
+    fn a_collector_pass_that_can_free_nothing_is_not_repeated_until_the_horizon_or_a_write_allows() {
+        let mut t = TableData::default();
+        // 50 keys overwritten at ts 11..60 with history kept from ts 5 (the horizon stays 5).
+        for i in 0..50u8 {
+            apply(&mut t, &[i], Some(b"a"), 1 + u64::from(i) / 10, 0);
+        }
+        for i in 0..50u8 {
+            apply(&mut t, &[i], Some(b"b"), 11 + u64::from(i), 5);
+        }
+        assert_eq!(t.pending_gc(), 50);
+        assert!(t.gc_due(5), "nothing is known about the list before a pass");
+        // One pass, in budgets of 20: it frees nothing (every second-oldest version is > 5).
+        let mut visits = 0;
+        while t.gc_due(5) {
+            visits += t.collect(5, 20);
+            assert!(visits <= 50, "a pass visits each key once, then stops");
+        }
+        assert_eq!((visits, t.pending_gc()), (50, 50));
+        // Until the horizon reaches the lowest second-oldest version (11), nothing is due.
+        assert!(!t.gc_due(10));
+        assert!(t.gc_due(11));
+        // A chain queued by a write after the pass counts too: "new" is prunable from 62.
+        apply(&mut t, b"new", Some(b"a"), 61, 5);
+        apply(&mut t, b"new", None, 62, 5);
+        t.gc_next = GcState::NEVER; // as if the pass had kept nothing below 62
+        assert!(!t.gc_due(61));
+        assert!(t.gc_due(62), "a chain written after the pass is not forgotten");
+        t.gc_next = 11;
+        // The horizon rises to 35: the next pass prunes keys 0..24 (second-oldest 11..35).
+        while t.gc_due(35) {
+            t.collect(35, 20);
+        }
+        assert_eq!(t.chain_depth(&[0]), 1);
+        assert_eq!(t.chain_depth(&[24]), 1);
+        assert_eq!(t.chain_depth(&[25]), 2);
+        assert!(!t.gc_due(35) && t.gc_due(36));
     }
 
     #[test]

@@ -94,7 +94,7 @@ impl Inner {
         let horizon = view.horizon();
         let tables = view.catalog.read().all();
         for t in tables {
-            if t.data.read().pending_gc() > 0 {
+            if t.data.read().gc_due(horizon) {
                 t.data.write().collect(horizon, 4096);
             }
         }
