@@ -177,11 +177,9 @@ impl PbKvService for Api {
             tokio::task::spawn_blocking(move || -> Result<PbTxnResponse, ApplyError> {
                 let db = &sm.db;
                 let current = sm.progress.lock().revision;
-                let mut txn = db.begin_write().map_err(|e| ApplyError::Invalid(e.to_string()))?;
-                let mut w = mvcc::Writer { txn: &mut txn, revision: current, wrote: false };
-                let r = w.txn(&req);
-                txn.rollback();
-                r
+                let mut snapshot = db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+                let mut view = mvcc::Overlay::new(&mut snapshot);
+                mvcc::Writer { txn: &mut view, revision: current, wrote: false }.txn(&req)
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?

@@ -12,7 +12,9 @@ use etcd_client::proto::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest, PbPutResponse, PbRangeResponse,
     PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnResponse,
 };
-use keeldb::{ReadTxn, ScanRange, WriteTxn};
+use std::collections::BTreeMap;
+
+use keeldb::{ReadTxn, ScanRange};
 
 use crate::types::ApplyError;
 
@@ -81,10 +83,11 @@ impl Record {
 /// Key-value pairs as the engine returns them.
 pub type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// Reads a store view: a read snapshot, or a write transaction that sees its own writes.
+/// Reads a store view: a read snapshot, or an [`Overlay`] that sees planned writes.
 pub trait View {
     fn get_raw(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ApplyError>;
-    fn scan_raw(&mut self, range: ScanRange) -> Result<Rows, ApplyError>;
+    /// Every row with `start <= key < end` (`end` `None`: to the last key), in key order.
+    fn scan_raw(&mut self, start: &[u8], end: Option<&[u8]>) -> Result<Rows, ApplyError>;
 }
 
 fn engine(e: keeldb::Error) -> ApplyError {
@@ -95,17 +98,78 @@ impl View for ReadTxn {
     fn get_raw(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ApplyError> {
         self.get(KV, key).map_err(engine)
     }
-    fn scan_raw(&mut self, range: ScanRange) -> Result<Rows, ApplyError> {
+    fn scan_raw(&mut self, start: &[u8], end: Option<&[u8]>) -> Result<Rows, ApplyError> {
+        let mut range = ScanRange::all().start(start.to_vec());
+        if let Some(e) = end {
+            range = range.end(e.to_vec());
+        }
         self.scan(KV, range).map_err(engine)?.collect::<Result<Vec<_>, _>>().map_err(engine)
     }
 }
 
-impl View for WriteTxn {
-    fn get_raw(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ApplyError> {
-        self.get(KV, key).map_err(engine)
+/// Planned writes to the `kv` table: key to new record bytes, `None` for a delete.
+pub type Planned = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The `kv` table as a batch of log entries leaves it before any of them is committed: an
+/// engine snapshot taken when the batch began, the writes planned by the batch's earlier
+/// entries over it, and the current entry's own writes on top. Applying a batch plans every
+/// entry against this view and then commits them all as one engine group (one WAL write, one
+/// commit timestamp per entry), so each entry sees exactly the state its predecessors left.
+pub struct Overlay<'a> {
+    base: &'a mut ReadTxn,
+    batch: Planned,
+    entry: Planned,
+}
+
+impl<'a> Overlay<'a> {
+    pub fn new(base: &'a mut ReadTxn) -> Overlay<'a> {
+        Overlay { base, batch: Planned::new(), entry: Planned::new() }
     }
-    fn scan_raw(&mut self, range: ScanRange) -> Result<Rows, ApplyError> {
-        self.scan(KV, range).map_err(engine)?.collect::<Result<Vec<_>, _>>().map_err(engine)
+
+    /// Takes the current entry's writes out (to commit them) and keeps them visible to the
+    /// entries planned after it.
+    pub fn keep_entry(&mut self) -> Planned {
+        let writes = std::mem::take(&mut self.entry);
+        self.batch.extend(writes.iter().map(|(k, v)| (k.clone(), v.clone())));
+        writes
+    }
+
+    /// Forgets the current entry's writes (a failed or read-only request writes nothing).
+    pub fn discard_entry(&mut self) {
+        self.entry.clear();
+    }
+
+    fn put_raw(&mut self, key: &[u8], value: Vec<u8>) {
+        self.entry.insert(key.to_vec(), Some(value));
+    }
+
+    fn delete_raw(&mut self, key: &[u8]) {
+        self.entry.insert(key.to_vec(), None);
+    }
+}
+
+impl View for Overlay<'_> {
+    fn get_raw(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ApplyError> {
+        if let Some(v) = self.entry.get(key).or_else(|| self.batch.get(key)) {
+            return Ok(v.clone());
+        }
+        self.base.get_raw(key)
+    }
+
+    fn scan_raw(&mut self, start: &[u8], end: Option<&[u8]>) -> Result<Rows, ApplyError> {
+        let base = self.base.scan_raw(start, end)?;
+        let bounds = (
+            std::ops::Bound::Included(start.to_vec()),
+            end.map_or(std::ops::Bound::Unbounded, |e| std::ops::Bound::Excluded(e.to_vec())),
+        );
+        if self.batch.range(bounds.clone()).next().is_none() && self.entry.range(bounds.clone()).next().is_none() {
+            return Ok(base);
+        }
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = base.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        for layer in [&self.batch, &self.entry] {
+            merged.extend(layer.range(bounds.clone()).map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Ok(merged.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect())
     }
 }
 
@@ -154,11 +218,7 @@ impl KeySpan {
                 if end.as_ref().is_some_and(|e| e <= start) {
                     return Ok(Vec::new());
                 }
-                let mut range = ScanRange::all().start(start.clone());
-                if let Some(e) = end {
-                    range = range.end(e.clone());
-                }
-                view.scan_raw(range)?.into_iter().map(|(k, v)| Ok((k, Record::decode(&v)?))).collect()
+                view.scan_raw(start, end.as_deref())?.into_iter().map(|(k, v)| Ok((k, Record::decode(&v)?))).collect()
             }
         }
     }
@@ -266,15 +326,15 @@ fn collect_writes(
 }
 
 /// Applies writes within one request: every write takes `revision` (= store revision + 1).
-pub struct Writer<'t> {
-    pub txn: &'t mut WriteTxn,
+pub struct Writer<'t, 'o> {
+    pub txn: &'t mut Overlay<'o>,
     pub revision: i64,
     pub wrote: bool,
 }
 
-impl Writer<'_> {
+impl Writer<'_, '_> {
     fn put_record(&mut self, key: &[u8], rec: &Record) -> Result<(), ApplyError> {
-        self.txn.put(KV, key, &rec.encode()).map_err(engine)?;
+        self.txn.put_raw(key, rec.encode());
         self.wrote = true;
         Ok(())
     }
@@ -313,7 +373,7 @@ impl Writer<'_> {
     pub fn delete_range(&mut self, req: &PbDeleteRequest) -> Result<PbDeleteResponse, ApplyError> {
         let rows = KeySpan::new(&req.key, &req.range_end).read(self.txn)?;
         for (k, _) in &rows {
-            self.txn.delete(KV, k).map_err(engine)?;
+            self.txn.delete_raw(k);
             self.wrote = true;
         }
         let prev_kvs = if req.prev_kv { rows.iter().map(|(k, r)| r.to_kv(k, false)).collect() } else { Vec::new() };

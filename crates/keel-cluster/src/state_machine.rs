@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::proto::{PbCompactionRequest, PbDeleteRequest, PbPutRequest, PbTxnRequest};
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use keeldb::{Database, Durability, InstallOptions, LogPosition, Options, ReadTxn};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend};
@@ -26,7 +26,9 @@ use parking_lot::Mutex;
 use prost::Message;
 
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
-use crate::types::{ApplyError, LogId, Request, RequestKind, Response, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::types::{
+    ApplyError, Entry, LogId, Request, RequestKind, Response, SnapshotMeta, StoredMembership, TypeConfig,
+};
 
 const APPLIED_KEY: &[u8] = b"applied";
 const MEMBERSHIP_KEY: &[u8] = b"membership";
@@ -223,106 +225,142 @@ impl StateMachine {
         Ok(sm)
     }
 
-    fn apply_one(&self, log_id: LogId, payload: &openraft::alias::EntryPayloadOf<TypeConfig>) -> io::Result<Response> {
+    /// Applies committed entries in log order as one engine group: each entry is planned
+    /// against the store as its predecessors in the batch leave it ([`mvcc::Overlay`]), then
+    /// all are committed together by `Database::apply_batch_with` (one WAL write, one commit
+    /// timestamp and one recorded log position per entry). Returns each entry's response.
+    fn apply_entries(&self, entries: &[Entry]) -> io::Result<Vec<Response>> {
         let db = &self.shared.db;
-        let mut txn = db.begin_write().map_err(io_err)?;
-        let (revision, compact) = {
+        let (mut revision, mut compact) = {
             let p = self.shared.progress.lock();
             (p.revision, p.compact_revision)
         };
-        let mut new_compact = None;
-        let mut membership = None;
-        let mut publish = None;
-        let mut writer = Writer { txn: &mut txn, revision: revision + 1, wrote: false };
-        let response = match payload {
-            EntryPayload::Blank => Response::Ok(Vec::new()),
-            EntryPayload::Membership(m) => {
-                membership = Some(StoredMembership::new(Some(log_id), m.clone()));
-                Response::Ok(Vec::new())
-            }
-            EntryPayload::Normal(req) if req.kind == RequestKind::Publish => {
-                match bincode::deserialize::<(u64, crate::types::Member)>(&req.body) {
-                    Ok(p) => {
-                        publish = Some(p);
-                        Response::Ok(Vec::new())
+        let mut snapshot = db.begin_read().map_err(io_err)?;
+        let mut view = mvcc::Overlay::new(&mut snapshot);
+        let mut commands = Vec::with_capacity(entries.len());
+        // Per entry: response, revision it took (if it wrote), new compaction point, membership.
+        let mut planned = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let log_id = entry.log_id;
+            let mut writer = Writer { txn: &mut view, revision: revision + 1, wrote: false };
+            let mut command = keeldb::Command::new();
+            let mut new_compact = None;
+            let mut membership = None;
+            let response = match &entry.payload {
+                EntryPayload::Blank => Response::Ok(Vec::new()),
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                    Response::Ok(Vec::new())
+                }
+                EntryPayload::Normal(req) if req.kind == RequestKind::Publish => {
+                    match bincode::deserialize::<(u64, crate::types::Member)>(&req.body) {
+                        Ok((id, member)) => {
+                            command =
+                                command.put(MEMBERS, id.to_be_bytes(), bincode::serialize(&member).map_err(io_err)?);
+                            Response::Ok(Vec::new())
+                        }
+                        Err(e) => Response::Err(ApplyError::Invalid(format!("bad member attributes: {e}"))),
                     }
-                    Err(e) => Response::Err(ApplyError::Invalid(format!("bad member attributes: {e}"))),
                 }
-            }
-            EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
-                Ok((bytes, c)) => {
-                    new_compact = c;
-                    Response::Ok(bytes)
+                EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
+                    Ok((bytes, c)) => {
+                        new_compact = c;
+                        Response::Ok(bytes)
+                    }
+                    Err(e) => Response::Err(e),
+                },
+            };
+            let ok_and_wrote = writer.wrote && matches!(response, Response::Ok(_));
+            let took = if ok_and_wrote {
+                // Only a request that succeeded and wrote keeps its writes (etcd: one new
+                // revision per writing request, none for a failed or read-only one).
+                for (key, value) in view.keep_entry() {
+                    command = match value {
+                        Some(v) => command.put(mvcc::KV, key, v),
+                        None => command.delete(mvcc::KV, key),
+                    };
                 }
-                Err(e) => Response::Err(e),
-            },
-        };
-        let wrote = writer.wrote;
-        if matches!(response, Response::Err(_)) || !wrote {
-            // Nothing a failed or read-only request did may survive: start over with only the
-            // bookkeeping below.
-            txn = db.begin_write().map_err(io_err)?;
-        }
-        let put = |txn: &mut keeldb::WriteTxn, key: &[u8], bytes: Vec<u8>| txn.put(META, key, &bytes).map_err(io_err);
-        let ok_and_wrote = wrote && matches!(response, Response::Ok(_));
-        if ok_and_wrote {
-            put(&mut txn, REV_KEY, bincode::serialize(&(revision + 1)).map_err(io_err)?)?;
-        }
-        if let Some(c) = new_compact {
-            put(&mut txn, COMPACT_KEY, bincode::serialize(&c).map_err(io_err)?)?;
-        }
-        if let Some((id, member)) = &publish {
-            txn.put(MEMBERS, &id.to_be_bytes(), &bincode::serialize(member).map_err(io_err)?).map_err(io_err)?;
-        }
-        if let Some(m) = &membership {
-            put(&mut txn, MEMBERSHIP_KEY, bincode::serialize(m).map_err(io_err)?)?;
-        }
-        put(&mut txn, APPLIED_KEY, bincode::serialize(&log_id).map_err(io_err)?)?;
-        let position = LogPosition::new(log_id.index, log_id.leader_id.term);
-        let info = txn.commit_as_command(position, Durability::Relaxed).map_err(io_err)?;
-        let mut compact_ts = None;
-        {
-            let mut p = self.shared.progress.lock();
-            if ok_and_wrote {
-                p.revision = revision + 1;
-                p.revs.push_back((revision + 1, info.ts));
-            }
+                revision += 1;
+                command = command.put(META, REV_KEY, bincode::serialize(&revision).map_err(io_err)?);
+                Some(revision)
+            } else {
+                view.discard_entry();
+                None
+            };
             if let Some(c) = new_compact {
-                p.compact_revision = c;
-                let keep_from = p.revs.partition_point(|r| r.0 <= c).saturating_sub(1);
-                p.revs.drain(..keep_from);
-                compact_ts = p.revs.front().map(|r| r.1);
+                compact = c;
+                command = command.put(META, COMPACT_KEY, bincode::serialize(&c).map_err(io_err)?);
             }
-            if let Some(m) = membership {
-                p.membership = m;
+            if let Some(m) = &membership {
+                command = command.put(META, MEMBERSHIP_KEY, bincode::serialize(m).map_err(io_err)?);
             }
-            p.applied = Some(log_id);
+            command = command.put(META, APPLIED_KEY, bincode::serialize(&log_id).map_err(io_err)?);
+            commands.push((LogPosition::new(log_id.index, log_id.leader_id.term), command));
+            planned.push((log_id, response, took, new_compact, membership));
+        }
+        drop(view);
+        drop(snapshot);
+        let outcomes = db.apply_batch_with(Durability::Relaxed, commands);
+        let mut responses = Vec::with_capacity(planned.len());
+        let mut compact_ts = None;
+        for ((log_id, response, took, new_compact, membership), outcome) in planned.into_iter().zip(outcomes) {
+            let ts = match outcome.map_err(io_err)? {
+                keeldb::ApplyOutcome::Applied { ts } => ts,
+                other => return Err(io_err(format!("entry {log_id}: unexpected apply outcome {other:?}"))),
+            };
+            {
+                let mut p = self.shared.progress.lock();
+                if let Some(rev) = took {
+                    p.revision = rev;
+                    p.revs.push_back((rev, ts));
+                }
+                if let Some(c) = new_compact {
+                    p.compact_revision = c;
+                    let keep_from = p.revs.partition_point(|r| r.0 <= c).saturating_sub(1);
+                    p.revs.drain(..keep_from);
+                    compact_ts = p.revs.front().map(|r| r.1);
+                }
+                if let Some(m) = membership {
+                    p.membership = m;
+                }
+                p.applied = Some(log_id);
+            }
+            responses.push(response);
+        }
+        for (entry, response) in entries.iter().zip(&responses) {
+            self.trace(entry, response);
         }
         if let Some(ts) = compact_ts {
             // Frees history below the compacted revision (etcd's compaction).
             let _ = db.retain_history_since(ts);
         }
-        if let Some(t) = &self.shared.trace {
-            use std::io::Write;
-            let digest = match payload {
-                openraft::EntryPayload::Normal(r) => xxhash_rust::xxh3::xxh3_64(&r.body),
-                _ => 0,
-            };
-            let resp = match &response {
-                Response::Ok(b) => xxhash_rust::xxh3::xxh3_64(b),
-                Response::Err(_) => 1,
-            };
-            let rev = self.shared.progress.lock().revision;
-            let mut t = t.lock();
-            let _ = writeln!(
-                t,
-                "{} {} {} {digest:x} {resp:x} {rev}",
-                log_id.index, log_id.leader_id.term, log_id.leader_id.node_id
-            );
-            let _ = t.flush();
+        if let Some(last) = entries.last() {
+            self.shared.applied_tx.send_replace(last.log_id.index);
         }
-        self.shared.applied_tx.send_replace(log_id.index);
-        Ok(response)
+        Ok(responses)
+    }
+
+    /// `KEEL_APPLY_TRACE`: one line per applied entry (see [`Shared`]).
+    fn trace(&self, entry: &Entry, response: &Response) {
+        let Some(t) = &self.shared.trace else { return };
+        use std::io::Write;
+        let log_id = entry.log_id;
+        let digest = match &entry.payload {
+            EntryPayload::Normal(r) => xxhash_rust::xxh3::xxh3_64(&r.body),
+            _ => 0,
+        };
+        let resp = match response {
+            Response::Ok(b) => xxhash_rust::xxh3::xxh3_64(b),
+            Response::Err(_) => 1,
+        };
+        let rev = self.shared.progress.lock().revision;
+        let mut t = t.lock();
+        let _ = writeln!(
+            t,
+            "{} {} {} {digest:x} {resp:x} {rev}",
+            log_id.index, log_id.leader_id.term, log_id.leader_id.node_id
+        );
+        let _ = t.flush();
     }
 
     /// Replaces the store with a checkpoint stream and reloads the progress from it.
@@ -398,7 +436,7 @@ impl StateMachine {
 
 /// Runs one etcd write request; returns the encoded response and a new compaction point.
 fn execute(
-    w: &mut Writer<'_>,
+    w: &mut Writer<'_, '_>,
     req: &Request,
     revision: i64,
     compact: i64,
@@ -483,13 +521,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     where
         Strm: Stream<Item = io::Result<openraft::storage::EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
     {
-        while let Some(item) = entries.next().await {
-            let (entry, responder) = item?;
-            let me = self.clone();
-            let log_id = entry.log_id;
-            let response = tokio::task::block_in_place(move || me.apply_one(log_id, &entry.payload))?;
-            if let Some(r) = responder {
-                r.send(response);
+        // Entries already committed arrive together: take every one that is ready (up to a
+        // bound) and apply them as one group, so a busy member pays one engine commit and one
+        // WAL write per batch instead of per entry.
+        const MAX_BATCH: usize = 1024;
+        while let Some(first) = entries.next().await {
+            let mut batch = vec![first?];
+            while batch.len() < MAX_BATCH {
+                match entries.next().now_or_never() {
+                    Some(Some(item)) => batch.push(item?),
+                    _ => break,
+                }
+            }
+            let (batch, responders): (Vec<Entry>, Vec<_>) = batch.into_iter().unzip();
+            let responses = tokio::task::block_in_place(|| self.apply_entries(&batch))?;
+            for (responder, response) in responders.into_iter().zip(responses) {
+                if let Some(r) = responder {
+                    r.send(response);
+                }
             }
         }
         Ok(())
@@ -524,5 +573,172 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let me = self.clone();
         let loaded = tokio::task::spawn_blocking(move || me.load_snapshot()).await.map_err(io_err)??;
         Ok(loaded.map(|(meta, bytes)| openraft::Snapshot { meta, snapshot: Cursor::new(bytes) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use etcd_client::proto::{
+        PbCompare, PbDeleteResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequestOp, PbTxnResponse,
+    };
+    use openraft::entry::RaftEntry;
+    use openraft::vote::RaftLeaderId;
+
+    fn entry(index: u64, kind: RequestKind, body: Vec<u8>) -> Entry {
+        let leader = openraft::alias::CommittedLeaderIdOf::<TypeConfig>::new(1, 1);
+        Entry::new_normal(LogId::new(leader, index), Request { kind, body })
+    }
+
+    fn put(k: &str, v: &str) -> PbPutRequest {
+        PbPutRequest { key: k.into(), value: v.into(), prev_kv: true, ..Default::default() }
+    }
+
+    fn op(r: PbTxnOpRequest) -> PbTxnRequestOp {
+        PbTxnRequestOp { request: Some(r) }
+    }
+
+    /// Requests whose outcomes depend on what the requests before them wrote, failed ones
+    /// (whose writes must not be seen by later ones) and reads inside txns.
+    fn requests() -> Vec<(RequestKind, Vec<u8>)> {
+        let version_is = |k: &str, v: i64| PbCompare {
+            key: k.into(),
+            target: 0, // version
+            result: 0, // equal
+            target_union: Some(etcd_client::proto::PbTargetUnion::Version(v)),
+            ..Default::default()
+        };
+        let del = |k: &str, end: &str| PbDeleteRequest { key: k.into(), range_end: end.into(), prev_kv: true };
+        let range = |k: &str, end: &str| PbRangeRequest { key: k.into(), range_end: end.into(), ..Default::default() };
+        vec![
+            (RequestKind::Put, put("a", "1").encode_to_vec()),
+            (RequestKind::Put, put("a", "2").encode_to_vec()),
+            (RequestKind::Put, put("b", "1").encode_to_vec()),
+            // Succeeds only if it sees both puts of `a` (version 2).
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![version_is("a", 2)],
+                    success: vec![
+                        op(PbTxnOpRequest::RequestPut(put("c", "t"))),
+                        op(PbTxnOpRequest::RequestRange(range("a", "z"))),
+                    ],
+                    failure: vec![op(PbTxnOpRequest::RequestPut(put("c", "f")))],
+                }
+                .encode_to_vec(),
+            ),
+            // Fails at apply (a lease that does not exist): writes nothing, takes no revision.
+            (RequestKind::Put, PbPutRequest { key: "d".into(), lease: 7, ..Default::default() }.encode_to_vec()),
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![version_is("d", 0)],
+                    success: vec![op(PbTxnOpRequest::RequestPut(put("e", "d-absent")))],
+                    failure: vec![],
+                }
+                .encode_to_vec(),
+            ),
+            (RequestKind::DeleteRange, del("a", "c").encode_to_vec()),
+            // A range inside a txn after the delete: only c and e remain.
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![],
+                    success: vec![
+                        op(PbTxnOpRequest::RequestRange(range("a", "\0"))),
+                        op(PbTxnOpRequest::RequestPut(put("a", "3"))),
+                    ],
+                    failure: vec![],
+                }
+                .encode_to_vec(),
+            ),
+            (RequestKind::DeleteRange, del("zz", "").encode_to_vec()),
+            (
+                RequestKind::Compact,
+                etcd_client::proto::PbCompactionRequest { revision: 2, physical: false }.encode_to_vec(),
+            ),
+            // A txn that fails half way (its second put names a missing lease): its first
+            // put must not be seen by the next request.
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![],
+                    success: vec![
+                        op(PbTxnOpRequest::RequestPut(put("x", "1"))),
+                        op(PbTxnOpRequest::RequestPut(PbPutRequest {
+                            key: "y".into(),
+                            lease: 7,
+                            ..Default::default()
+                        })),
+                    ],
+                    failure: vec![],
+                }
+                .encode_to_vec(),
+            ),
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![version_is("x", 0)],
+                    success: vec![op(PbTxnOpRequest::RequestPut(put("f", "x-absent")))],
+                    failure: vec![],
+                }
+                .encode_to_vec(),
+            ),
+            (RequestKind::Put, put("a", "4").encode_to_vec()),
+        ]
+    }
+
+    fn dump(sm: &StateMachine) -> (i64, i64, mvcc::Rows) {
+        let (mut txn, rev) = sm.shared.read_at(0).unwrap();
+        let rows = mvcc::View::scan_raw(&mut txn, b"", None).unwrap();
+        (rev, sm.shared.progress.lock().compact_revision, rows)
+    }
+
+    #[test]
+    fn a_batch_applies_exactly_as_its_entries_one_by_one() {
+        let entries: Vec<Entry> =
+            requests().into_iter().enumerate().map(|(i, (k, b))| entry(i as u64 + 1, k, b)).collect();
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one = StateMachine::open(d1.path()).unwrap();
+        let all = StateMachine::open(d2.path()).unwrap();
+        let singly: Vec<Response> =
+            entries.iter().flat_map(|e| one.apply_entries(std::slice::from_ref(e)).unwrap()).collect();
+        let batched = all.apply_entries(&entries).unwrap();
+        assert_eq!(singly, batched);
+        // The outcomes are the ones etcd gives, not merely equal: the txn saw both puts, the
+        // failed put wrote nothing, the delete removed a and b.
+        let txn = PbTxnResponse::decode(match &batched[3] {
+            Response::Ok(b) => b.as_slice(),
+            r => panic!("{r:?}"),
+        })
+        .unwrap();
+        assert!(txn.succeeded);
+        assert!(matches!(batched[4], Response::Err(ApplyError::LeaseNotFound)));
+        let del = PbDeleteResponse::decode(match &batched[6] {
+            Response::Ok(b) => b.as_slice(),
+            r => panic!("{r:?}"),
+        })
+        .unwrap();
+        assert_eq!(del.deleted, 2);
+        assert_eq!(dump(&one), dump(&all));
+        let (rev, compact, rows) = dump(&all);
+        // etcd starts at revision 1; eight requests wrote.
+        assert_eq!((rev, compact), (10, 2));
+        assert_eq!(rows.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [&b"a"[..], b"c", b"e", b"f"]);
+        // Every revision kept its own engine snapshot: reads in the past see each step.
+        for r in 3..=10 {
+            let (mut a, _) = all.shared.read_at(r).unwrap();
+            let (mut b, _) = one.shared.read_at(r).unwrap();
+            assert_eq!(
+                mvcc::View::scan_raw(&mut a, b"", None).unwrap(),
+                mvcc::View::scan_raw(&mut b, b"", None).unwrap(),
+                "revision {r}"
+            );
+        }
+        let (mut at3, _) = all.shared.read_at(3).unwrap();
+        let a_at_3 = mvcc::Record::decode(&mvcc::View::get_raw(&mut at3, b"a").unwrap().unwrap()).unwrap();
+        assert_eq!((a_at_3.value.as_slice(), a_at_3.version), (&b"2"[..], 2));
+        assert_eq!(all.shared.applied_index(), entries.len() as u64);
     }
 }
