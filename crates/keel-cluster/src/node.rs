@@ -318,7 +318,16 @@ impl Node {
     /// last handle drops).
     pub async fn shutdown(&self) {
         self.stopping.send_replace(true);
-        let _ = self.raft.shutdown().await;
+        // In its own task: openraft (0.10.0-alpha.37) can panic while it stops after a storage
+        // error. A Raft call that is waiting for the stopped core to finish and is cancelled (a
+        // peer connection or client request dropped because the member is stopping) leaves
+        // the core's state "joining" with no one to finish it; the next call then hits an
+        // `unreachable!` and poisons the core's lock, and every later call, this shutdown
+        // included, panics on it. The member is stopping either way; its caller must not panic.
+        let raft = self.raft.clone();
+        if let Err(e) = tokio::spawn(async move { raft.shutdown().await }).await {
+            eprintln!("keel: raft shutdown on member {:x} failed: {e}", self.id);
+        }
         self.peers.lock().clear();
     }
 
