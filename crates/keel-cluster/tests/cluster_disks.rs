@@ -35,7 +35,6 @@ use common::history::{self, Event, Op, Out};
 
 const NAMES: [&str; 3] = ["d1", "d2", "d3"];
 const PORTS: (u16, u16) = (23960, 23970);
-const KEYS: usize = 8;
 
 /// Prints the seeds again if the test panics, so the replay command is at the failure.
 struct SeedGuard(u64);
@@ -137,6 +136,8 @@ async fn members_on_simulated_disks_survive_power_loss_kills_and_fsync_errors() 
     // The nemesis stops after `rounds` or this long, whichever comes first (a slow machine
     // runs fewer rounds rather than a longer test).
     let budget = Duration::from_secs(std::env::var("KEEL_SIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(35));
+    // Histories per key stay short enough to check quickly however long the run.
+    let keys = rounds.max(8);
     let disk_seeds: Vec<u64> = (0..3).map(|i| seed.wrapping_mul(3).wrapping_add(i)).collect();
     eprintln!("cluster_disks seed {seed} (disks {disk_seeds:?}), {rounds} rounds; replay with KEEL_SIM_SEED={seed}");
     let _guard = SeedGuard(seed);
@@ -160,9 +161,9 @@ async fn members_on_simulated_disks_survive_power_loss_kills_and_fsync_errors() 
             url: format!("http://{ip}:{}", PORTS.0 as u64 + c % 3),
             seed,
             client: c,
-            keys: KEYS,
+            keys,
             deadline: started + budget + Duration::from_secs(60),
-            max_ops: 3000,
+            max_ops: 400 * rounds,
             unique_puts: true,
             timeout: Duration::from_secs(3),
         };
@@ -268,7 +269,7 @@ async fn members_on_simulated_disks_survive_power_loss_kills_and_fsync_errors() 
         final_clients.push(Client::connect([url], Some(opts.clone())).await.unwrap());
     }
     for client in &mut final_clients {
-        for key in 0..KEYS {
+        for key in 0..keys {
             let call = Instant::now();
             let r = read_retrying(client, &format!("key{key}"), seed).await;
             let v = r.kvs().first().map(|kv| history::parse(kv.value()));
@@ -304,7 +305,7 @@ async fn members_on_simulated_disks_survive_power_loss_kills_and_fsync_errors() 
         let lost: Vec<&String> = acked.iter().filter(|k| !present.contains(*k)).collect();
         assert!(lost.is_empty(), "seed {seed}: acknowledged writes lost: {lost:?}");
     }
-    history::assert_linearizable(&events, KEYS, seed);
+    history::assert_linearizable(&events, keys, seed);
     assert_converged(&mut final_clients, seed).await;
 
     for m in &mut members {
