@@ -89,18 +89,19 @@ async fn start(m: &mut Member, seed: u64) {
 }
 
 /// Stops a member's server (whose disk already crashed or was killed, so nothing it does on
-/// the way out reaches the disk) and waits (bounded) until the old member is gone, so that no
-/// task of the dead process still works on the disk the new one starts on.
+/// the way out reaches the disk: its handles are dead and its Raft is shut down) and waits a
+/// little for the old member's tasks to let go of it. Client connections the old gRPC server
+/// still holds can keep it referenced longer; they can only fail (its Raft is stopped).
 async fn stop(m: &mut Member) {
     if let Some(s) = m.server.take() {
         let old = Arc::downgrade(&s.node);
         s.stop().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(3);
         while old.strong_count() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if old.strong_count() > 0 {
-            eprintln!("{}: the stopped member is still referenced after 10 s", m.config.name);
+            eprintln!("{}: the stopped member is still referenced after 3 s", m.config.name);
         }
     }
 }
