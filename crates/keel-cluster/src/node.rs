@@ -92,9 +92,7 @@ fn claim_data_dir(
             Ok(())
         }
         None => {
-            // An interrupted first start may leave only the temporary identity file behind.
-            let tmp = format!("{IDENTITY}.tmp");
-            if fs.list_dir(dir).map_err(|e| io_cfg(dir, e))?.iter().any(|n| *n != tmp) {
+            if !fs.list_dir(dir).map_err(|e| io_cfg(dir, e))?.is_empty() {
                 return Err(ConfigError::ForeignDataDir {
                     dir: dir.display().to_string(),
                     found: "files that are not a KeelDB member's".into(),
