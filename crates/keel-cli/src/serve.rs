@@ -123,6 +123,7 @@ impl ServeCommand {
                 client_cert_auth: self.peer_client_cert_auth,
             },
             name: self.name,
+            fs: ServeConfig::default().fs,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)

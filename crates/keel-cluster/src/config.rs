@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use keeldb::fs::{FileSystem, StdFs};
 
 use crate::types::Member;
 
@@ -142,6 +145,11 @@ pub struct ServeConfig {
     pub client_tls: TlsFiles,
     /// TLS for peer traffic (`--peer-cert-file` ...); used by https peer URLs.
     pub peer_tls: TlsFiles,
+    /// The file system every file under `data_dir` goes through: the Raft log and state
+    /// machine stores, the identity and snapshot files. The real one ([`StdFs`]) unless a test
+    /// or an embedding program gives another (the in-process cluster tests give each member a
+    /// simulated disk from `keel-testkit`). No flag sets it.
+    pub fs: Arc<dyn FileSystem>,
 }
 
 impl Default for ServeConfig {
@@ -164,6 +172,7 @@ impl Default for ServeConfig {
             max_request_bytes: 1536 * 1024,
             client_tls: TlsFiles::default(),
             peer_tls: TlsFiles::default(),
+            fs: Arc::new(StdFs),
             name,
         }
     }

@@ -7,6 +7,7 @@
 pub mod backup;
 pub mod config;
 pub mod etcd_api;
+pub mod files;
 pub mod log_store;
 pub mod mvcc;
 pub mod network;

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use keeldb::fs::FileSystem;
 use keeldb::{Database, Durability, Options, ScanRange};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
@@ -73,10 +74,10 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Resul
 }
 
 impl LogStore {
-    /// Opens (or creates) the log store in `dir` and starts its writer thread, which ends when
-    /// every clone of the store is dropped.
-    pub fn open(dir: &Path) -> io::Result<LogStore> {
-        let db = Database::open(dir, Options::with_durability(Durability::Sync)).map_err(io_err)?;
+    /// Opens (or creates) the log store in `dir` on `fs` and starts its writer thread, which
+    /// ends when every clone of the store is dropped.
+    pub fn open(dir: &Path, fs: Arc<dyn FileSystem>) -> io::Result<LogStore> {
+        let db = Database::open(dir, Options { fs, ..Options::with_durability(Durability::Sync) }).map_err(io_err)?;
         let mut mirror = Mirror::default();
         {
             let txn = db.begin_read().map_err(io_err)?;

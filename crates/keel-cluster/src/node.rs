@@ -12,12 +12,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use keeldb::fs::FileSystem;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 
 use crate::config::{is_https, ConfigError, ServeConfig};
+use crate::files;
 use crate::log_store::LogStore;
 use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
 use crate::state_machine::{Shared, StateMachine};
@@ -68,44 +70,45 @@ fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
     ConfigError::Io { dir: dir.display().to_string(), source: e }
 }
 
-/// Checks (or writes, for a new directory) the identity file.
-fn claim_data_dir(dir: &Path, cluster_id: u64, member_id: u64, name: &str) -> Result<(), ConfigError> {
-    std::fs::create_dir_all(dir).map_err(|e| io_cfg(dir, e))?;
+/// Checks (or writes, for a new directory) the identity file. The directory and the file are
+/// made durable before the stores are created in it: a power loss must not take the member's
+/// directory away with everything the member acknowledged inside it.
+fn claim_data_dir(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    cluster_id: u64,
+    member_id: u64,
+    name: &str,
+) -> Result<(), ConfigError> {
+    files::create_dir_durably(fs, dir).map_err(|e| io_cfg(dir, e))?;
     let path = dir.join(IDENTITY);
     let expected = format!("cluster {cluster_id:016x} member {member_id:016x} ({name})");
-    match std::fs::read_to_string(&path) {
-        Ok(found) => {
-            let found = found.trim().to_string();
+    match files::read(fs, &path).map_err(|e| io_cfg(dir, e))? {
+        Some(found) => {
+            let found = String::from_utf8_lossy(&found).trim().to_string();
             if found != expected {
                 return Err(ConfigError::ForeignDataDir { dir: dir.display().to_string(), found, expected });
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::fs::read_dir(dir).map_err(|e| io_cfg(dir, e))?.next().is_some() {
+        None => {
+            if !fs.list_dir(dir).map_err(|e| io_cfg(dir, e))?.is_empty() {
                 return Err(ConfigError::ForeignDataDir {
                     dir: dir.display().to_string(),
                     found: "files that are not a KeelDB member's".into(),
                     expected,
                 });
             }
-            let tmp = dir.join("identity.tmp");
-            std::fs::write(&tmp, format!("{expected}\n")).map_err(|e| io_cfg(dir, e))?;
-            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| io_cfg(dir, e))?;
-            std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_cfg(dir, e))?;
-            Ok(())
+            files::write_durably(fs, &path, format!("{expected}\n").as_bytes()).map_err(|e| io_cfg(dir, e))
         }
-        Err(e) => Err(io_cfg(dir, e)),
     }
 }
 
 /// The cluster and member id a data directory's identity file records, if it has one.
-fn read_identity(dir: &Path) -> Result<Option<(u64, u64, String)>, ConfigError> {
-    let found = match std::fs::read_to_string(dir.join(IDENTITY)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_cfg(dir, e)),
+fn read_identity(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(u64, u64, String)>, ConfigError> {
+    let found = match files::read(fs, &dir.join(IDENTITY)).map_err(|e| io_cfg(dir, e))? {
+        Some(f) => String::from_utf8_lossy(&f).into_owned(),
+        None => return Ok(None),
     };
     let bad = || ConfigError::ForeignDataDir {
         dir: dir.display().to_string(),
@@ -132,7 +135,7 @@ async fn resolve_identity(config: &ServeConfig, tls: &PeerTls, member_dir: &Path
     if !config.join_existing {
         return Ok((config.cluster_id(), config.member_id()));
     }
-    if let Some((cid, mid, name)) = read_identity(member_dir)? {
+    if let Some((cid, mid, name)) = read_identity(config.fs.as_ref(), member_dir)? {
         if name != config.name {
             return Err(ConfigError::ForeignDataDir {
                 dir: member_dir.display().to_string(),
@@ -181,21 +184,23 @@ pub fn restore_snapshot(config: &ServeConfig, snapshot: &[u8]) -> Result<i64, St
     if config.join_existing {
         return Err(StartError::Join("a restored member founds a new cluster: use --initial-cluster-state new".into()));
     }
+    let fs = config.fs.as_ref();
     let member_dir = config.data_dir.join("member");
-    if member_dir.exists() {
+    if fs.exists(&member_dir).map_err(|e| io_cfg(&member_dir, e))? {
         return Err(StartError::Restore(format!(
             "{} already holds a member; restore into a new --data-dir",
             config.data_dir.display()
         )));
     }
-    let restored = claim_data_dir(&member_dir, config.cluster_id(), config.member_id(), &config.name)
+    let restored = claim_data_dir(fs, &member_dir, config.cluster_id(), config.member_id(), &config.name)
         .map_err(StartError::from)
         .and_then(|()| {
-            crate::state_machine::restore(&member_dir.join("sm"), checkpoint).map_err(|e| io_cfg(&member_dir, e).into())
+            crate::state_machine::restore(&member_dir.join("sm"), checkpoint, Arc::clone(&config.fs))
+                .map_err(|e| io_cfg(&member_dir, e).into())
         });
     if restored.is_err() {
         // The directory did not exist before: leave nothing half made.
-        let _ = std::fs::remove_dir_all(&member_dir);
+        let _ = files::remove_tree(fs, &member_dir);
     }
     restored
 }
@@ -225,10 +230,12 @@ impl Node {
         let peer_tls = PeerTls::load(&config.peer_tls)?;
         let member_dir: PathBuf = config.data_dir.join("member");
         let (cluster_id, id) = resolve_identity(&config, &peer_tls, &member_dir).await?;
-        claim_data_dir(&member_dir, cluster_id, id, &config.name)?;
-        let log = LogStore::open(&member_dir.join("raft")).map_err(|e| io_cfg(&member_dir, e))?;
+        claim_data_dir(config.fs.as_ref(), &member_dir, cluster_id, id, &config.name)?;
+        let log =
+            LogStore::open(&member_dir.join("raft"), Arc::clone(&config.fs)).map_err(|e| io_cfg(&member_dir, e))?;
         let log_was_empty = log.is_empty();
-        let sm = StateMachine::open(&member_dir.join("sm")).map_err(|e| io_cfg(&member_dir, e))?;
+        let sm =
+            StateMachine::open(&member_dir.join("sm"), Arc::clone(&config.fs)).map_err(|e| io_cfg(&member_dir, e))?;
         let shared = Arc::clone(&sm.shared);
         let election_ms = config.election_timeout.as_millis() as u64;
         let raft_config = Config {
@@ -323,7 +330,16 @@ impl Node {
     /// last handle drops).
     pub async fn shutdown(&self) {
         self.stopping.send_replace(true);
-        let _ = self.raft.shutdown().await;
+        // In its own task: openraft (0.10.0-alpha.37) can panic while it stops after a storage
+        // error. A Raft call that is waiting for the stopped core to finish and is cancelled (a
+        // peer connection or client request dropped because the member is stopping) leaves
+        // the core's state "joining" with no one to finish it; the next call then hits an
+        // `unreachable!` and poisons the core's lock, and every later call, this shutdown
+        // included, panics on it. The member is stopping either way; its caller must not panic.
+        let raft = self.raft.clone();
+        if let Err(e) = tokio::spawn(async move { raft.shutdown().await }).await {
+            eprintln!("keel: raft shutdown on member {:x} failed: {e}", self.id);
+        }
         self.peers.lock().clear();
     }
 

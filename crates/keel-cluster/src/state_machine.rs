@@ -19,12 +19,14 @@ use std::sync::Arc;
 
 use etcd_client::proto::{PbCompactionRequest, PbDeleteRequest, PbPutRequest, PbTxnRequest};
 use futures_util::{FutureExt, Stream, StreamExt};
+use keeldb::fs::{FileHandle, FileSystem, OpenMode};
 use keeldb::{Database, Durability, InstallOptions, LogPosition, Options, ReadTxn};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
 use prost::Message;
 
+use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
 use crate::types::{
     ApplyError, Entry, LogId, Request, RequestKind, Response, SnapshotMeta, StoredMembership, TypeConfig,
@@ -53,13 +55,40 @@ pub struct Progress {
     pub membership: StoredMembership,
 }
 
+/// The apply trace: appended through the member's file system, never synced.
+struct Trace {
+    file: Arc<dyn FileHandle>,
+    end: u64,
+}
+
+impl Trace {
+    fn open(fs: &dyn FileSystem, path: &Path) -> io::Result<Trace> {
+        let file = match fs.open(path, OpenMode::ReadWrite) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs.open(path, OpenMode::CreateNew)?,
+            other => other?,
+        };
+        let end = file.len()?;
+        Ok(Trace { file, end })
+    }
+
+    /// Appends one line; a failed write only costs the trace.
+    fn line(&mut self, text: std::fmt::Arguments<'_>) {
+        let line = format!("{text}\n");
+        if keeldb::fs::write_all_at(self.file.as_ref(), line.as_bytes(), self.end).is_ok() {
+            self.end += line.len() as u64;
+        }
+    }
+}
+
 /// State shared by the state machine, its snapshot builders and the API's readers.
 pub struct Shared {
     pub db: Database,
     /// `KEEL_APPLY_TRACE` set: one line per applied entry (index, term, leader, digest of the
     /// request, revision after), so members' applies can be compared after a fault run.
-    trace: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+    trace: Option<Mutex<Trace>>,
     dir: PathBuf,
+    /// The file system the store and the snapshot file live on.
+    fs: Arc<dyn FileSystem>,
     pub progress: Mutex<Progress>,
     /// The applied log index, for readers waiting on a read index.
     pub applied_tx: tokio::sync::watch::Sender<u64>,
@@ -156,15 +185,16 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
 /// the data and would refuse the new log's positions against), membership and published members
 /// stay behind, so the new cluster's log starts at its own first entry and revisions continue
 /// from the snapshot's. Checkpointed before returning (durable). Returns the revision.
-pub fn restore(dir: &Path, checkpoint: &[u8]) -> io::Result<i64> {
+pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Result<i64> {
     let scratch_dir = dir.join("restore.scratch");
-    let scratch = Database::open(&scratch_dir, Options::with_durability(Durability::Relaxed)).map_err(io_err)?;
+    let relaxed = Options { fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
+    let scratch = Database::open(&scratch_dir, relaxed.clone()).map_err(io_err)?;
     let opts = InstallOptions { expected_bytes: Some(checkpoint.len() as u64), ..InstallOptions::default() };
     let mut input = checkpoint;
     scratch.install_checkpoint_with(&mut input, opts).map_err(io_err)?;
     let from = scratch.begin_read().map_err(io_err)?;
     let revision = read_i64(&from, REV_KEY)?;
-    let db = Database::open(dir.join("store"), Options::with_durability(Durability::Relaxed)).map_err(io_err)?;
+    let db = Database::open(dir.join("store"), relaxed).map_err(io_err)?;
     let mut txn = db.begin_write().map_err(io_err)?;
     let mut in_txn = 0usize;
     for item in from.scan(mvcc::KV, keeldb::ScanRange::all()).map_err(io_err)? {
@@ -187,31 +217,38 @@ pub fn restore(dir: &Path, checkpoint: &[u8]) -> io::Result<i64> {
     db.checkpoint().map_err(io_err)?;
     db.close().map_err(io_err)?;
     scratch.close().map_err(io_err)?;
-    std::fs::remove_dir_all(&scratch_dir)?;
-    std::fs::create_dir_all(dir.join("snap"))?;
+    files::remove_tree(fs.as_ref(), &scratch_dir)?;
+    files::create_dir_durably(fs.as_ref(), &dir.join("snap"))?;
     Ok(revision)
 }
 
 impl StateMachine {
     /// Opens the state machine's store in `dir` (relaxed durability; history kept in memory
     /// for reads at past revisions).
-    pub fn open(dir: &Path) -> io::Result<StateMachine> {
-        let options = Options { keep_history: true, ..Options::with_durability(Durability::Relaxed) };
+    pub fn open(dir: &Path, fs: Arc<dyn FileSystem>) -> io::Result<StateMachine> {
+        let options =
+            Options { keep_history: true, fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
         let db = Database::open(dir.join("store"), options).map_err(io_err)?;
         let txn = db.begin_read().map_err(io_err)?;
         let progress = progress_of(&txn)?;
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
-        std::fs::create_dir_all(dir.join("snap"))?;
+        // Durably: the snapshot file inside is what the purged log relies on after a power loss.
+        files::create_dir_durably(fs.as_ref(), &dir.join("snap"))?;
         let trace = match std::env::var_os("KEEL_APPLY_TRACE") {
-            Some(_) => Some(Mutex::new(std::io::BufWriter::new(
-                std::fs::OpenOptions::new().create(true).append(true).open(dir.join("apply.trace"))?,
-            ))),
+            Some(_) => Some(Mutex::new(Trace::open(fs.as_ref(), &dir.join("apply.trace"))?)),
             None => None,
         };
         let sm = StateMachine {
-            shared: Arc::new(Shared { db, trace, dir: dir.to_path_buf(), progress: Mutex::new(progress), applied_tx }),
+            shared: Arc::new(Shared {
+                db,
+                trace,
+                dir: dir.to_path_buf(),
+                fs,
+                progress: Mutex::new(progress),
+                applied_tx,
+            }),
         };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
@@ -343,7 +380,6 @@ impl StateMachine {
     /// `KEEL_APPLY_TRACE`: one line per applied entry (see [`Shared`]).
     fn trace(&self, entry: &Entry, response: &Response) {
         let Some(t) = &self.shared.trace else { return };
-        use std::io::Write;
         let log_id = entry.log_id;
         let digest = match &entry.payload {
             EntryPayload::Normal(r) => xxhash_rust::xxh3::xxh3_64(&r.body),
@@ -354,13 +390,10 @@ impl StateMachine {
             Response::Err(_) => 1,
         };
         let rev = self.shared.progress.lock().revision;
-        let mut t = t.lock();
-        let _ = writeln!(
-            t,
+        t.lock().line(format_args!(
             "{} {} {} {digest:x} {resp:x} {rev}",
             log_id.index, log_id.leader_id.term, log_id.leader_id.node_id
-        );
-        let _ = t.flush();
+        ));
     }
 
     /// Replaces the store with a checkpoint stream and reloads the progress from it.
@@ -376,10 +409,7 @@ impl StateMachine {
         let applied = progress.applied.map_or(0, |a| a.index);
         *self.shared.progress.lock() = progress;
         if let Some(t) = &self.shared.trace {
-            use std::io::Write;
-            let mut t = t.lock();
-            let _ = writeln!(t, "install {applied} {:?}", meta.last_log_id);
-            let _ = t.flush();
+            t.lock().line(format_args!("install {applied} {:?}", meta.last_log_id));
         }
         self.shared.applied_tx.send_replace(applied);
         Ok(())
@@ -404,27 +434,16 @@ impl StateMachine {
 
     fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
         let path = self.snapshot_path();
-        let tmp = path.with_extension("tmp");
         let meta_bytes = bincode::serialize(meta).map_err(io_err)?;
-        let mut file = std::fs::File::create(&tmp)?;
-        use std::io::Write;
-        file.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
-        file.write_all(&meta_bytes)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        let mut file = Vec::with_capacity(8 + meta_bytes.len() + bytes.len());
+        file.extend_from_slice(&(meta_bytes.len() as u64).to_le_bytes());
+        file.extend_from_slice(&meta_bytes);
+        file.extend_from_slice(bytes);
+        files::write_durably(self.shared.fs.as_ref(), &path, &file)
     }
 
     fn load_snapshot(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
-        let bytes = match std::fs::read(self.snapshot_path()) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
+        let Some(bytes) = files::read(self.shared.fs.as_ref(), &self.snapshot_path())? else { return Ok(None) };
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "snapshot file: truncated");
         let len_bytes: [u8; 8] = bytes.get(..8).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
         let len = usize::try_from(u64::from_le_bytes(len_bytes)).map_err(|_| bad())?;
@@ -700,8 +719,8 @@ mod tests {
         let entries: Vec<Entry> =
             requests().into_iter().enumerate().map(|(i, (k, b))| entry(i as u64 + 1, k, b)).collect();
         let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let one = StateMachine::open(d1.path()).unwrap();
-        let all = StateMachine::open(d2.path()).unwrap();
+        let one = StateMachine::open(d1.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let all = StateMachine::open(d2.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
         let singly: Vec<Response> =
             entries.iter().flat_map(|e| one.apply_entries(std::slice::from_ref(e)).unwrap()).collect();
         let batched = all.apply_entries(&entries).unwrap();

@@ -1,48 +1,23 @@
 //! Three in-process members while a seeded nemesis cuts members off (both directions, or one),
 //! delays their messages or loses some of them, then heals, with clients bound to every member doing put, linearizable
 //! get and compare-and-swap on a few keys. The history is checked for linearizability per key
-//! (a Wing–Gong search with memoization; an operation whose answer was lost may take effect
-//! at any point after it began, or never). Seeds are printed; `KEEL_PARTITION_SEED` replays
+//! (`common::history`). Seeds are printed; `KEEL_PARTITION_SEED` replays
 //! one and `KEEL_PARTITION_SECS` lengthens the run.
 //!
 //! Its own test binary: the link cuts are process-wide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use etcd_client::Client;
 use keel_cluster::network::faults;
 use keel_cluster::{ServeConfig, Server};
 
 mod common;
-use parking_lot::Mutex;
+use common::history::{self, linearizable, Event, Op, Out};
 use rand::{Rng, SeedableRng};
-
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u64),
-    Get,
-    Cas(u64, u64),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Out {
-    Ok,
-    Value(Option<u64>),
-    Swapped(bool),
-    Unknown,
-}
-
-#[derive(Debug, Clone)]
-struct Event {
-    key: usize,
-    op: Op,
-    out: Out,
-    call: Instant,
-    ret: Option<Instant>,
-}
 
 fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
     ServeConfig {
@@ -50,55 +25,6 @@ fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
         snapshot_count: 200,
         ..common::member_config(dir, "http", ip, (23890, 23900), &["p1", "p2", "p3"], i, "partitions")
     }
-}
-
-/// Whether `events` (one key) can be linearized as a register: puts set, gets read, a cas
-/// swaps only when the value equals its expectation.
-fn linearizable(events: &[Event]) -> bool {
-    // A read whose answer was lost constrains nothing.
-    let mut events: Vec<&Event> =
-        events.iter().filter(|e| !(matches!(e.op, Op::Get) && e.out == Out::Unknown)).collect();
-    events.sort_by_key(|e| e.call);
-    let n = events.len();
-    let words = n.div_ceil(64);
-    let mut seen: HashSet<(Vec<u64>, Option<u64>)> = HashSet::new();
-    // Explicit DFS stack of (done set, value, next candidate index to try).
-    let mut stack: Vec<(Vec<u64>, Option<u64>)> = vec![(vec![0; words], None)];
-    let completed: Vec<bool> = events.iter().map(|e| e.ret.is_some()).collect();
-    while let Some((done, value)) = stack.pop() {
-        let is_done = |i: usize| done[i / 64] >> (i % 64) & 1 == 1;
-        if (0..n).all(|i| !completed[i] || is_done(i)) {
-            return true;
-        }
-        if !seen.insert((done.clone(), value)) {
-            continue;
-        }
-        // The earliest return among pending completed ops: nothing called after it may go first.
-        let horizon = (0..n).filter(|&i| completed[i] && !is_done(i)).filter_map(|i| events[i].ret).min();
-        // Pushed latest first, so the earliest-called candidate is tried first: real-time
-        // order is almost always a linearization, and trying it first keeps the search short.
-        for i in (0..n).rev() {
-            if is_done(i) || horizon.is_some_and(|h| events[i].call > h) {
-                continue;
-            }
-            let e = events[i];
-            let next = match (&e.op, &e.out) {
-                (Op::Put(v), Out::Ok | Out::Unknown) => Some(Some(*v)),
-                (Op::Get, Out::Value(v)) => (*v == value).then_some(value),
-                (Op::Get, Out::Unknown) => Some(value),
-                (Op::Cas(exp, new), Out::Swapped(true)) => (value == Some(*exp)).then_some(Some(*new)),
-                (Op::Cas(exp, _), Out::Swapped(false)) => (value != Some(*exp)).then_some(value),
-                (Op::Cas(exp, new), Out::Unknown) => Some(if value == Some(*exp) { Some(*new) } else { value }),
-                _ => None,
-            };
-            if let Some(v) = next {
-                let mut d = done.clone();
-                d[i / 64] |= 1 << (i % 64);
-                stack.push((d, v));
-            }
-        }
-    }
-    false
 }
 
 #[test]
@@ -136,73 +62,24 @@ async fn histories_under_partitions_are_linearizable() {
         servers.push(Server::start(config(dir.path(), &ip, i)).await.unwrap());
     }
     let ids: Vec<u64> = servers.iter().map(|s| s.node.id).collect();
-    let history: Arc<Mutex<Vec<Event>>> = Arc::new(Mutex::new(Vec::new()));
+    let shared = history::Shared::default();
+    let history = Arc::clone(&shared.history);
     let keys = 12usize;
     let deadline = Instant::now() + Duration::from_secs(secs);
-    let counter = Arc::new(std::sync::atomic::AtomicU64::new(1));
 
     let mut tasks = Vec::new();
     for c in 0..6u64 {
-        let url = format!("http://{ip}:{}", 23890 + (c % 3));
-        let history = Arc::clone(&history);
-        let counter = Arc::clone(&counter);
-        tasks.push(tokio::spawn(async move {
-            let opts =
-                ConnectOptions::new().with_timeout(Duration::from_secs(4)).with_connect_timeout(Duration::from_secs(1));
-            let mut client = loop {
-                if let Ok(c) = Client::connect([url.as_str()], Some(opts.clone())).await {
-                    break c;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (c << 32));
-            let mut last_seen: BTreeMap<usize, u64> = BTreeMap::new();
-            while Instant::now() < deadline {
-                let key = rng.gen_range(0..keys);
-                let k = format!("key{key}");
-                let call = Instant::now();
-                let (op, out) = match rng.gen_range(0..3) {
-                    0 => {
-                        let v = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let out = match client.put(k.as_str(), v.to_string(), None).await {
-                            Ok(_) => Out::Ok,
-                            Err(_) => Out::Unknown,
-                        };
-                        (Op::Put(v), out)
-                    }
-                    1 => {
-                        let out = match client.get(k.as_str(), None).await {
-                            Ok(r) => {
-                                let v = r
-                                    .kvs()
-                                    .first()
-                                    .map(|kv| std::str::from_utf8(kv.value()).unwrap().parse::<u64>().unwrap());
-                                if let Some(v) = v {
-                                    last_seen.insert(key, v);
-                                }
-                                Out::Value(v)
-                            }
-                            Err(_) => Out::Unknown,
-                        };
-                        (Op::Get, out)
-                    }
-                    _ => {
-                        let exp = last_seen.get(&key).copied().unwrap_or(0);
-                        let new = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let txn = Txn::new()
-                            .when([Compare::value(k.as_str(), CompareOp::Equal, exp.to_string())])
-                            .and_then([TxnOp::put(k.as_str(), new.to_string(), None)]);
-                        let out = match client.txn(txn).await {
-                            Ok(r) => Out::Swapped(r.succeeded()),
-                            Err(_) => Out::Unknown,
-                        };
-                        (Op::Cas(exp, new), out)
-                    }
-                };
-                let ret = (out != Out::Unknown).then(Instant::now);
-                history.lock().push(Event { key, op, out, call, ret });
-            }
-        }));
+        let plan = history::ClientPlan {
+            url: format!("http://{ip}:{}", 23890 + (c % 3)),
+            seed,
+            client: c,
+            keys,
+            deadline,
+            max_ops: usize::MAX,
+            unique_puts: false,
+            timeout: Duration::from_secs(4),
+        };
+        tasks.push(tokio::spawn(history::run_client(plan, shared.clone())));
     }
 
     // Nemesis, one fault at a time, then heal: isolate a member (the leader or any), cut one
@@ -258,7 +135,7 @@ async fn histories_under_partitions_are_linearizable() {
                 .await
                 .unwrap()
                 .unwrap();
-            let v = r.kvs().first().map(|kv| std::str::from_utf8(kv.value()).unwrap().parse::<u64>().unwrap());
+            let v = r.kvs().first().map(|kv| history::parse(kv.value()));
             history.lock().push(Event { key, op: Op::Get, out: Out::Value(v), call, ret: Some(Instant::now()) });
         }
     }
@@ -268,10 +145,7 @@ async fn histories_under_partitions_are_linearizable() {
     assert!(cuts >= 3, "the nemesis must have cut links");
     assert!(ok > 50, "too few operations completed: {ok}");
     let check_start = Instant::now();
-    for key in 0..keys {
-        let events: Vec<Event> = history.iter().filter(|e| e.key == key).cloned().collect();
-        assert!(linearizable(&events), "seed {seed}: key{key} history is not linearizable ({} events)", events.len());
-    }
+    history::assert_linearizable(&history, keys, seed);
     eprintln!("checked in {:?}", check_start.elapsed());
     for s in servers {
         s.stop().await;

@@ -89,6 +89,9 @@ impl FileSystem for CountingFs {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         StdFs.remove_file(path)
     }
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove_dir(path)
+    }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.counts.dir_syncs.fetch_add(1, Ordering::SeqCst);
         StdFs.sync_dir(dir)

@@ -486,6 +486,14 @@ impl FileSystem for SimFs {
         st.remove_file(path)
     }
 
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        let (mut st, fault) = self.enter(FaultOp::Remove, path)?;
+        if let Some(e) = fault {
+            return Err(e.to_io_error());
+        }
+        st.remove_dir(path)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let (mut st, fault) = self.enter(FaultOp::SyncDir, dir)?;
         if let Some(e) = fault {

@@ -79,6 +79,29 @@ fn removes_revert_and_keep_their_bytes_until_the_directory_is_synced() {
 }
 
 #[test]
+fn remove_dir_refuses_a_non_empty_directory_and_reverts_until_the_parent_is_synced() {
+    let fs = disk(4, no_tears());
+    fs.create_dir_durable(p("/d/sub")).unwrap();
+    let f = fs.open(p("/d/sub/f"), OpenMode::CreateNew).unwrap();
+    f.sync_data().unwrap();
+    fs.sync_dir(p("/d/sub")).unwrap();
+    assert_eq!(fs.remove_dir(p("/d/sub")).unwrap_err().kind(), ErrorKind::DirectoryNotEmpty);
+    assert_eq!(fs.remove_dir(p("/d/sub/f")).unwrap_err().kind(), ErrorKind::NotADirectory);
+    fs.remove_file(p("/d/sub/f")).unwrap();
+    fs.remove_dir(p("/d/sub")).unwrap();
+    assert!(!fs.exists(p("/d/sub")).unwrap());
+    fs.crash();
+    // Neither removal was synced: both come back.
+    assert!(fs.exists(p("/d/sub/f")).unwrap());
+    fs.remove_file(p("/d/sub/f")).unwrap();
+    fs.sync_dir(p("/d/sub")).unwrap();
+    fs.remove_dir(p("/d/sub")).unwrap();
+    fs.sync_dir(p("/d")).unwrap();
+    fs.crash();
+    assert!(!fs.exists(p("/d/sub")).unwrap());
+}
+
+#[test]
 fn a_directory_created_without_syncing_its_parent_can_vanish() {
     let fs = SimFs::with_model(3, no_tears());
     fs.create_dir_all(p("/a/b")).unwrap();

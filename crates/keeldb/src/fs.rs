@@ -63,6 +63,11 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Removes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes an empty directory. The engine never calls it (a store is one flat directory);
+    /// programs built on the engine use it to clean up directories of their own.
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, format!("{}: remove_dir is not supported", path.display())))
+    }
     /// Makes creates, renames and removes inside `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Takes an exclusive, non-blocking lock tied to `path` (a lock file).
@@ -170,6 +175,9 @@ impl FileSystem for StdFs {
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir(path)
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         std::fs::File::open(dir)?.sync_all()

@@ -1,6 +1,8 @@
-//! What the in-process cluster tests share: a loopback address of their own and a member's
-//! configuration.
+//! What the in-process cluster tests share: a loopback address of their own, a member's
+//! configuration, and (in `history`) the fault tests' clients and linearizability checker.
 #![allow(dead_code)]
+
+pub mod history;
 
 use std::path::Path;
 use std::time::Duration;

@@ -342,6 +342,28 @@ impl State {
         }
     }
 
+    /// Removes an empty directory: an unlink in its parent, durable after the parent's
+    /// `sync_dir` like any other.
+    pub fn remove_dir(&mut self, path: &Path) -> io::Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        match self.dirs.get(&parent).and_then(|d| d.current.get(&name)).copied() {
+            Some(Node::Dir(id)) => {
+                if self.dirs.get(&id).is_some_and(|d| !d.current.is_empty()) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::DirectoryNotEmpty,
+                        format!("{}: directory not empty", path.display()),
+                    ));
+                }
+                self.dir_op(parent, DirOp::Unlink(name));
+                Ok(())
+            }
+            Some(Node::File(_)) => {
+                Err(io::Error::new(io::ErrorKind::NotADirectory, format!("{}: not a directory", path.display())))
+            }
+            None => Err(not_found(path)),
+        }
+    }
+
     pub fn sync_dir(&mut self, path: &Path) -> io::Result<()> {
         let id = self.dir_at(path).ok_or_else(|| not_found(path))?;
         if self.model.lying_fsync {

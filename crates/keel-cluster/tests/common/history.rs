@@ -1,0 +1,211 @@
+//! Client histories of the fault tests and their linearizability check: clients doing put,
+//! linearizable get and compare-and-swap on a few keys record each call and its answer; the
+//! history is checked per key as a register (a Wing–Gong search with memoization; an operation
+//! whose answer was lost may take effect at any point after it began, or never).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Put(u64),
+    Get,
+    Cas(u64, u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Out {
+    Ok,
+    Value(Option<u64>),
+    Swapped(bool),
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub key: usize,
+    pub op: Op,
+    pub out: Out,
+    pub call: Instant,
+    pub ret: Option<Instant>,
+}
+
+/// Whether `events` (one key) can be linearized as a register: puts set, gets read, a cas
+/// swaps only when the value equals its expectation.
+pub fn linearizable(events: &[Event]) -> bool {
+    // A read whose answer was lost constrains nothing.
+    let mut events: Vec<&Event> =
+        events.iter().filter(|e| !(matches!(e.op, Op::Get) && e.out == Out::Unknown)).collect();
+    events.sort_by_key(|e| e.call);
+    let n = events.len();
+    let words = n.div_ceil(64);
+    let mut seen: HashSet<(Vec<u64>, Option<u64>)> = HashSet::new();
+    // Explicit DFS stack of (done set, value, next candidate index to try).
+    let mut stack: Vec<(Vec<u64>, Option<u64>)> = vec![(vec![0; words], None)];
+    let completed: Vec<bool> = events.iter().map(|e| e.ret.is_some()).collect();
+    while let Some((done, value)) = stack.pop() {
+        let is_done = |i: usize| done[i / 64] >> (i % 64) & 1 == 1;
+        if (0..n).all(|i| !completed[i] || is_done(i)) {
+            return true;
+        }
+        if !seen.insert((done.clone(), value)) {
+            continue;
+        }
+        // The earliest return among pending completed ops: nothing called after it may go first.
+        let horizon = (0..n).filter(|&i| completed[i] && !is_done(i)).filter_map(|i| events[i].ret).min();
+        // Pushed latest first, so the earliest-called candidate is tried first: real-time
+        // order is almost always a linearization, and trying it first keeps the search short.
+        for i in (0..n).rev() {
+            if is_done(i) || horizon.is_some_and(|h| events[i].call > h) {
+                continue;
+            }
+            let e = events[i];
+            let next = match (&e.op, &e.out) {
+                (Op::Put(v), Out::Ok | Out::Unknown) => Some(Some(*v)),
+                (Op::Get, Out::Value(v)) => (*v == value).then_some(value),
+                (Op::Get, Out::Unknown) => Some(value),
+                (Op::Cas(exp, new), Out::Swapped(true)) => (value == Some(*exp)).then_some(Some(*new)),
+                (Op::Cas(exp, _), Out::Swapped(false)) => (value != Some(*exp)).then_some(value),
+                (Op::Cas(exp, new), Out::Unknown) => Some(if value == Some(*exp) { Some(*new) } else { value }),
+                _ => None,
+            };
+            if let Some(v) = next {
+                let mut d = done.clone();
+                d[i / 64] |= 1 << (i % 64);
+                stack.push((d, v));
+            }
+        }
+    }
+    false
+}
+
+/// Checks every key's history; panics naming the seed and the first key that fails.
+pub fn assert_linearizable(history: &[Event], keys: usize, seed: u64) {
+    for key in 0..keys {
+        let events: Vec<Event> = history.iter().filter(|e| e.key == key).cloned().collect();
+        assert!(linearizable(&events), "seed {seed}: key{key} history is not linearizable ({} events)", events.len());
+    }
+}
+
+/// What one client shares with the test: the history, the value counter (values are unique
+/// across clients), the acknowledged writes of unique keys (`acked/<client>/<n>`), which
+/// must all be present at the end, and a flag that stops the clients early.
+#[derive(Clone, Default)]
+pub struct Shared {
+    pub history: Arc<Mutex<Vec<Event>>>,
+    pub counter: Arc<AtomicU64>,
+    pub acked: Arc<Mutex<Vec<String>>>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// How one client runs: `keys` register keys, until `deadline` or `max_ops` operations; with
+/// `unique_puts`, one operation in eight writes a fresh key and records it once acknowledged.
+#[derive(Clone)]
+pub struct ClientPlan {
+    pub url: String,
+    pub seed: u64,
+    pub client: u64,
+    pub keys: usize,
+    pub deadline: Instant,
+    pub max_ops: usize,
+    pub unique_puts: bool,
+    /// Per-call timeout: long enough for an election, short enough that a dead member's
+    /// clients move on.
+    pub timeout: Duration,
+}
+
+/// Connects to `plan.url`, retrying until it answers or the client should stop.
+async fn connect(plan: &ClientPlan, shared: &Shared) -> Option<Client> {
+    let opts = ConnectOptions::new().with_timeout(plan.timeout).with_connect_timeout(Duration::from_secs(1));
+    while Instant::now() < plan.deadline && !shared.stop.load(Ordering::Relaxed) {
+        if let Ok(c) = Client::connect([plan.url.as_str()], Some(opts.clone())).await {
+            return Some(c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Runs one client to its deadline, its operation budget or the stop flag. After a failed
+/// call it pauses and reconnects (its member may have restarted), so a member that is down
+/// costs a few unknown outcomes, not thousands.
+pub async fn run_client(plan: ClientPlan, shared: Shared) {
+    let Some(mut client) = connect(&plan, &shared).await else { return };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed ^ (plan.client << 32));
+    let mut last_seen: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut ops = 0usize;
+    let mut unique = 0u64;
+    let next = || shared.counter.fetch_add(1, Ordering::Relaxed);
+    let mut failed = false;
+    while Instant::now() < plan.deadline && ops < plan.max_ops && !shared.stop.load(Ordering::Relaxed) {
+        if std::mem::take(&mut failed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            match connect(&plan, &shared).await {
+                Some(c) => client = c,
+                None => return,
+            }
+        }
+        ops += 1;
+        if plan.unique_puts && rng.gen_range(0..8) == 0 {
+            let k = format!("acked/{}/{unique}", plan.client);
+            unique += 1;
+            match client.put(k.as_str(), "1", None).await {
+                Ok(_) => shared.acked.lock().push(k),
+                Err(_) => failed = true,
+            }
+            continue;
+        }
+        let key = rng.gen_range(0..plan.keys);
+        let k = format!("key{key}");
+        let call = Instant::now();
+        let (op, out) = match rng.gen_range(0..3) {
+            0 => {
+                let v = next();
+                let out = match client.put(k.as_str(), v.to_string(), None).await {
+                    Ok(_) => Out::Ok,
+                    Err(_) => Out::Unknown,
+                };
+                (Op::Put(v), out)
+            }
+            1 => {
+                let out = match client.get(k.as_str(), None).await {
+                    Ok(r) => {
+                        let v = r.kvs().first().map(|kv| parse(kv.value()));
+                        if let Some(v) = v {
+                            last_seen.insert(key, v);
+                        }
+                        Out::Value(v)
+                    }
+                    Err(_) => Out::Unknown,
+                };
+                (Op::Get, out)
+            }
+            _ => {
+                let exp = last_seen.get(&key).copied().unwrap_or(0);
+                let new = next();
+                let txn = Txn::new()
+                    .when([Compare::value(k.as_str(), CompareOp::Equal, exp.to_string())])
+                    .and_then([TxnOp::put(k.as_str(), new.to_string(), None)]);
+                let out = match client.txn(txn).await {
+                    Ok(r) => Out::Swapped(r.succeeded()),
+                    Err(_) => Out::Unknown,
+                };
+                (Op::Cas(exp, new), out)
+            }
+        };
+        failed = out == Out::Unknown;
+        let ret = (!failed).then(Instant::now);
+        shared.history.lock().push(Event { key, op, out, call, ret });
+    }
+}
+
+/// A register value as the clients write it.
+pub fn parse(value: &[u8]) -> u64 {
+    std::str::from_utf8(value).ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX)
+}
