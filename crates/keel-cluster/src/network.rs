@@ -5,9 +5,19 @@
 //! closes any connection whose hello names another cluster or another member (a node never
 //! accepts a peer message from another cluster). Frames are `u32` length + bincode; a frame
 //! longer than [`MAX_FRAME`] or one that does not decode ends the connection and nothing
-//! else: garbage on the peer port cannot crash a node. Each outgoing Raft stream (openraft
-//! keeps one per target) owns one connection and reuses it; requests on it are answered in
-//! order, so appends to one follower are pipelined over one socket.
+//! else: garbage on the peer port cannot crash a node. A connection carries one request and
+//! its answer at a time, except in stream mode.
+//!
+//! Appends (and heartbeats, which openraft sends as one-append streams) travel in stream mode
+//! ([`PeerRequest::StreamAppend`]): the leader's writer task sends each append as openraft
+//! produces it, up to [`STREAM_IN_FLIGHT`] unanswered, flushing when the next one is not
+//! ready; the follower feeds them to `Raft::stream_append` and writes each answer once the
+//! append is durable, in order, so its fdatasync of one batch overlaps the arrival of the
+//! next. A stream that ends with the leader's `End` answered by the follower's `End` leaves
+//! the connection reusable; any other end (a conflict, a partial success, a stopped Raft, a
+//! bad or lost frame, no answer within the soft TTL while an append is outstanding) drops
+//! it, so a half-used pipeline is never reused. `docs/design/replication.md` (P1) argues each
+//! failure.
 
 use std::future::Future;
 use std::io;
@@ -453,10 +463,10 @@ fn unexpected(r: PeerResponse) -> RPCError<TypeConfig> {
     }
 }
 
-/// The `(prev, last]` log ids an append covers (`last` is `prev` when it has no entries).
-fn append_range(req: &AppendEntriesRequest<TypeConfig>) -> (Option<LogId>, Option<LogId>) {
-    let last = req.entries.last().map(|e| e.log_id()).or_else(|| req.prev_log_id.clone());
-    (req.prev_log_id.clone(), last)
+/// The last log id an append covers (its `prev_log_id` when it has no entries): what an
+/// answer of full success reports.
+fn append_last(req: &AppendEntriesRequest<TypeConfig>) -> Option<LogId> {
+    req.entries.last().map(|e| e.log_id()).or(req.prev_log_id)
 }
 
 /// The result items of an append stream, as openraft consumes them.
@@ -480,8 +490,8 @@ struct AppendPipe<'s> {
     client: &'s mut PeerClient,
     /// The read half (`None` once given back to `client` after a clean end).
     r: Option<BufReader<ReadHalf<PeerStream>>>,
-    /// The ranges of the appends sent and not yet answered, oldest first.
-    sent: mpsc::UnboundedReceiver<(Option<LogId>, Option<LogId>)>,
+    /// The last log ids of the appends sent and not yet answered, oldest first.
+    sent: mpsc::UnboundedReceiver<Option<LogId>>,
     /// Free slots of the in-flight window; an answer gives its slot back.
     window: Arc<Semaphore>,
     writer: WriterTask,
@@ -497,7 +507,7 @@ impl AppendPipe<'_> {
     /// stream that ends any other way drops it (its state is unknown: appends may be on the
     /// wire or half read).
     async fn next(&mut self) -> Option<(StreamItem, bool)> {
-        let Some((_prev, last)) = self.sent.recv().await else {
+        let Some(last) = self.sent.recv().await else {
             // The writer has stopped: it sent `End`, or it failed.
             return match self.read_reply().await {
                 Ok(StreamReply::End) => {
@@ -557,14 +567,14 @@ fn protocol(what: &str) -> RPCError<TypeConfig> {
 }
 
 /// Sends the appends of `input` on `w` as they come, at most [`STREAM_IN_FLIGHT`] unanswered
-/// (a slot of `window` each), recording each one's range in `sent` before it leaves.
+/// (a slot of `window` each), recording each one's last log id in `sent` before it leaves.
 /// Buffered frames are flushed whenever the next append is not ready at once, so appends
 /// produced together share one write. At the end of `input` it sends `End` and returns the
 /// write half.
 async fn write_appends<S>(
     mut w: ConnWriter,
     mut input: S,
-    sent: mpsc::UnboundedSender<(Option<LogId>, Option<LogId>)>,
+    sent: mpsc::UnboundedSender<Option<LogId>>,
     window: Arc<Semaphore>,
     (from, to): (u64, u64),
 ) -> io::Result<ConnWriter>
@@ -597,7 +607,7 @@ where
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
         }
         faults::pass(from, to, "append").await?;
-        sent.send(append_range(&req)).map_err(|_| closed())?;
+        sent.send(append_last(&req)).map_err(|_| closed())?;
         write_frame_buffered(&mut w, &StreamFrame::Append(req)).await?;
     }
 }

@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,8 +60,8 @@ struct Follower {
 }
 
 impl PeerHandler for Follower {
-    fn handle(&self, _from: u64, _req: PeerRequest) -> impl Future<Output = PeerResponse> + Send {
-        async { PeerResponse::Error("scripted follower: appends only".into()) }
+    async fn handle(&self, _from: u64, _req: PeerRequest) -> PeerResponse {
+        PeerResponse::Error("scripted follower: appends only".into())
     }
 
     fn discover(&self, _peer_urls: &[String]) -> Discovered {
@@ -109,7 +108,7 @@ impl PeerHandler for Follower {
                 n += 1;
                 let answer = match script {
                     Script::ConflictAt(k) if k == n => Ok(Err(StreamAppendError::Conflict(req.prev_log_id.unwrap()))),
-                    Script::PartialAt(k) if k == n => Ok(Ok(req.prev_log_id.clone())),
+                    Script::PartialAt(k) if k == n => Ok(Ok(req.prev_log_id)),
                     Script::FatalAt(k) if k == n => Err("raft stopped (scripted)".to_string()),
                     Script::StopAfter(k) if n > k => return,
                     Script::Silent => {
@@ -146,7 +145,7 @@ fn append(prev: u64, n: u64) -> AppendEntriesRequest<TypeConfig> {
 
 fn last(req: &AppendEntriesRequest<TypeConfig>) -> Option<LogId> {
     use openraft::entry::RaftEntry;
-    req.entries.last().map(|e| e.log_id()).or_else(|| req.prev_log_id.clone())
+    req.entries.last().map(|e| e.log_id()).or(req.prev_log_id)
 }
 
 /// Appends `0..count`, each of 3 entries after the previous one.
@@ -200,7 +199,7 @@ where
 }
 
 fn ok_ids(items: &[Item]) -> Vec<Option<LogId>> {
-    items.iter().map(|i| i.as_ref().unwrap().as_ref().unwrap().clone()).collect()
+    items.iter().map(|i| *i.as_ref().unwrap().as_ref().unwrap()).collect()
 }
 
 #[tokio::test]
@@ -232,11 +231,14 @@ async fn an_idle_stream_is_not_a_stalled_one() {
     let mut answers =
         c.stream_append(tokio_stream::wrappers::UnboundedReceiverStream::new(rx), RPCOption::new(ttl)).await.unwrap();
     for i in 0..3u64 {
-        tx.send(append(10 * i, 2)).unwrap();
-        let got = tokio::time::timeout(LONG, answers.next()).await.unwrap().unwrap();
-        assert_eq!(got.unwrap().unwrap(), Some(log_id(10 * i + 2)));
-        // Nothing outstanding: waiting longer than the progress timeout is no failure.
-        tokio::time::sleep(ttl * 2).await;
+        // The leader has nothing to send for twice the progress timeout while the answers
+        // are awaited: nothing is outstanding, so that is no failure.
+        let send = async {
+            tokio::time::sleep(ttl * 2).await;
+            tx.send(append(10 * i, 2)).unwrap();
+        };
+        let (got, ()) = tokio::join!(tokio::time::timeout(LONG, answers.next()), send);
+        assert_eq!(got.unwrap().unwrap().unwrap().unwrap(), Some(log_id(10 * i + 2)));
     }
     drop(tx);
     assert!(tokio::time::timeout(LONG, answers.next()).await.unwrap().is_none());
@@ -251,7 +253,7 @@ async fn a_conflict_ends_the_stream_and_the_next_one_uses_a_new_connection() {
     assert_eq!(items.len(), 3, "{items:?}");
     assert_eq!(ok_ids(&items[..2]), vec![last(&reqs[0]), last(&reqs[1])]);
     match &items[2] {
-        Ok(Err(StreamAppendError::Conflict(at))) => assert_eq!(Some(at.clone()), reqs[2].prev_log_id),
+        Ok(Err(StreamAppendError::Conflict(at))) => assert_eq!(Some(*at), reqs[2].prev_log_id),
         other => panic!("{other:?}"),
     }
     // The follower closed the connection after the conflict (not an error on its side).
@@ -270,7 +272,7 @@ async fn a_partial_success_ends_the_stream() {
     let reqs = appends(0, 10);
     let items = run(&mut c, futures_util::stream::iter(reqs.clone()), Duration::from_secs(20)).await.unwrap();
     // The second append is durable only up to its prev: nothing after it can be claimed.
-    assert_eq!(ok_ids(&items), vec![last(&reqs[0]), reqs[1].prev_log_id.clone()]);
+    assert_eq!(ok_ids(&items), vec![last(&reqs[0]), reqs[1].prev_log_id]);
     let items = run(&mut c, futures_util::stream::iter(appends(3, 1)), Duration::from_secs(20)).await.unwrap();
     assert_eq!(items.len(), 1);
     assert_eq!(f.conns.load(Ordering::SeqCst), 2, "the connection of a cut-short stream is not reused");
