@@ -799,8 +799,8 @@ where
 /// Serves one append stream on a connection (after [`PeerRequest::StreamAppend`]): feeds the
 /// appends read into `handler.stream_append` and writes its answers back in order, flushing
 /// when no further answer is ready. Returns whether the connection is back in request mode
-/// (the leader's `End` was answered with `End`); `false` after a conflict, a higher vote or a
-/// stopped Raft, where the connection is closed. A bad frame is an error, which closes the
+/// (the leader's `End` was read and answered with `End`); `false` after a conflict, a higher
+/// vote or a stopped Raft, where the connection is closed. A bad frame is an error, which closes the
 /// connection and nothing else.
 async fn serve_stream<H, R, W>(r: &mut R, w: &mut W, from: u64, me: u64, handler: &H) -> io::Result<bool>
 where
@@ -820,12 +820,13 @@ where
                         return Err(cut());
                     }
                     if tx.send(req).await.is_err() {
-                        // Raft took no more: its answers say why.
-                        return Ok(());
+                        // Raft took no more (its answers say why). The leader may still be
+                        // sending: the connection cannot go back to request mode.
+                        return Ok(false);
                     }
                 }
                 // Dropping `tx` ends the input; the answers end after the last one.
-                StreamFrame::End => return Ok(()),
+                StreamFrame::End => return Ok(true),
             }
         }
     };
@@ -858,8 +859,8 @@ where
     tokio::pin!(feed, answer);
     tokio::select! {
         fed = &mut feed => {
-            fed?;
-            answer.await
+            let leader_ended = fed?;
+            Ok(answer.await? && leader_ended)
         }
         // The answers ended before the leader's `End` (Raft stopped, a conflict): close.
         answered = &mut answer => answered.map(|_| false),

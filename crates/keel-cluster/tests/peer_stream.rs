@@ -50,6 +50,9 @@ enum Script {
     FatalAt(usize),
     /// Answers `n` appends, then ends its answers as if Raft stopped taking input.
     StopAfter(usize),
+    /// Answers `n` appends, then takes no more input but ends its answers only a moment
+    /// later (the follower's reader sees the refusal first).
+    DropInputAfter(usize),
     /// Takes appends and never answers.
     Silent,
 }
@@ -103,6 +106,13 @@ impl PeerHandler for Follower {
                         }
                     }
                     continue;
+                }
+                if let Script::DropInputAfter(k) = script {
+                    if n == k {
+                        drop(input);
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        return;
+                    }
                 }
                 let Some(req) = input.next().await else { return };
                 n += 1;
@@ -333,6 +343,38 @@ async fn raw_stream_mode(url: &str, from: u64, to: u64) -> TcpStream {
     keel_cluster::network::write_frame(&mut s, &hello).await.unwrap();
     keel_cluster::network::write_frame(&mut s, &PeerRequest::StreamAppend).await.unwrap();
     s
+}
+
+#[tokio::test]
+async fn a_stream_the_follower_stopped_taking_is_not_taken_for_requests_after_it() {
+    use keel_cluster::network::{read_frame, write_frame, StreamFrame, StreamReply};
+    let f = follower(20, Script::DropInputAfter(2)).await;
+    let mut s = raw_stream_mode(&f.url, 19, 20).await;
+    // The leader has not ended its stream: whatever it sent after the follower stopped taking
+    // appends must not be read as requests on the same connection.
+    let reqs = appends(0, 4);
+    let mut replies = Vec::new();
+    for req in &reqs[..2] {
+        write_frame(&mut s, &StreamFrame::Append(req.clone())).await.unwrap();
+    }
+    for _ in 0..2 {
+        let r = tokio::time::timeout(LONG, read_frame::<StreamReply>(&mut s)).await.unwrap().unwrap();
+        replies.push(format!("{r:?}"));
+    }
+    // The follower has stopped taking appends by now; these two arrive after that.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for req in &reqs[2..] {
+        write_frame(&mut s, &StreamFrame::Append(req.clone())).await.unwrap();
+    }
+    let end = loop {
+        match tokio::time::timeout(LONG, read_frame::<StreamReply>(&mut s)).await.unwrap() {
+            Ok(r) => replies.push(format!("{r:?}")),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    assert!(replies[2].starts_with("End"), "{replies:?}");
+    assert_eq!(end.kind(), io::ErrorKind::UnexpectedEof, "the follower closed the connection: {end}");
 }
 
 #[tokio::test]
