@@ -5,27 +5,42 @@
 //! closes any connection whose hello names another cluster or another member (a node never
 //! accepts a peer message from another cluster). Frames are `u32` length + bincode; a frame
 //! longer than [`MAX_FRAME`] or one that does not decode ends the connection and nothing
-//! else: garbage on the peer port cannot crash a node. Each outgoing Raft stream (openraft
-//! keeps one per target) owns one connection and reuses it; requests on it are answered in
-//! order, so appends to one follower are pipelined over one socket.
+//! else: garbage on the peer port cannot crash a node. A connection carries one request and
+//! its answer at a time, except in stream mode.
+//!
+//! Appends (and heartbeats, which openraft sends as one-append streams) travel in stream mode
+//! ([`PeerRequest::StreamAppend`]): the leader's writer task sends each append as openraft
+//! produces it, up to [`STREAM_IN_FLIGHT`] unanswered, flushing when the next one is not
+//! ready; the follower feeds them to `Raft::stream_append` and writes each answer once the
+//! append is durable, in order, so its fdatasync of one batch overlaps the arrival of the
+//! next. A stream that ends with the leader's `End` answered by the follower's `End` leaves
+//! the connection reusable; any other end (a conflict, a partial success, a stopped Raft, a
+//! bad or lost frame, no answer within the soft TTL while an append is outstanding) drops
+//! it, so a half-used pipeline is never reused. `docs/design/replication.md` (P1) argues each
+//! failure.
 
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{FutureExt, Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
+use openraft::entry::RaftEntry;
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::RaftNetworkV2;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
 
 use crate::tls::{PeerStream, PeerTls};
-use crate::types::{Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
+use crate::types::{LogId, Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
 
 /// Injected network faults for tests, per directed link between members: cut, a delay drawn
 /// from a range for every message, and a probability of losing a message (a lost request is
@@ -202,6 +217,40 @@ pub enum PeerRequest {
     ReadIndex,
     /// Membership changes and leadership transfer asked of a follower.
     Admin(AdminRequest),
+    /// Switches the connection into stream mode: from here the leader sends [`StreamFrame`]s
+    /// and the follower answers each append with a [`StreamReply`], in order, until
+    /// [`StreamFrame::End`] has been answered with [`StreamReply::End`]; then the connection
+    /// is back to one [`PeerRequest`] and one [`PeerResponse`] at a time.
+    StreamAppend,
+}
+
+/// Most appends one stream has sent and not yet had answered. The follower answers an append
+/// once it is durable and folds the appends that arrive during one fdatasync into the next,
+/// so a few in flight are enough to keep its disk busy; more only add memory on both ends
+/// and entries to send again after a broken connection. With openraft's batches of up to
+/// `max_payload_entries` (300) entries that is at most a few MB per follower.
+pub const STREAM_IN_FLIGHT: usize = 16;
+
+/// A leader-to-follower frame on a connection in stream mode.
+#[derive(Serialize, Deserialize, Debug)]
+pub enum StreamFrame {
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// The leader has nothing more for this stream: answer what is outstanding, then
+    /// [`StreamReply::End`].
+    End,
+}
+
+/// A follower-to-leader frame on a connection in stream mode, one per [`StreamFrame::Append`]
+/// in the order they came, then [`StreamReply::End`] after [`StreamFrame::End`].
+#[derive(Serialize, Deserialize, Debug)]
+pub enum StreamReply {
+    /// The append's outcome: the last log id now durable, or a conflict / a higher vote,
+    /// which ends the stream (the follower closes the connection after it).
+    Result(StreamAppendResult<TypeConfig>),
+    /// The follower's Raft stopped; the stream ends and the connection closes.
+    Error(String),
+    /// Every append before [`StreamFrame::End`] was answered.
+    End,
 }
 
 /// Asked by a member joining with `--initial-cluster-state existing` and no data yet, on a
@@ -292,13 +341,19 @@ pub async fn read_frame_limited<T: serde::de::DeserializeOwned>(
 
 /// Writes one frame and flushes.
 pub async fn write_frame<T: Serialize>(w: &mut (impl AsyncWriteExt + Unpin), value: &T) -> io::Result<()> {
+    write_frame_buffered(w, value).await?;
+    w.flush().await
+}
+
+/// Writes one frame into `w`'s buffer without flushing, so that frames produced together
+/// leave in one write.
+async fn write_frame_buffered<T: Serialize>(w: &mut (impl AsyncWriteExt + Unpin), value: &T) -> io::Result<()> {
     let bytes = bincode::serialize(value).map_err(|e| io::Error::other(e.to_string()))?;
     if bytes.len() > MAX_FRAME {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "peer frame over the limit"));
     }
     w.write_u32_le(bytes.len() as u32).await?;
-    w.write_all(&bytes).await?;
-    w.flush().await
+    w.write_all(&bytes).await
 }
 
 /// The host:port a peer URL names (`http://127.0.0.1:2380` → `127.0.0.1:2380`).
@@ -342,7 +397,9 @@ impl PeerClient {
         }
     }
 
-    async fn call_inner(&mut self, req: &PeerRequest) -> Result<PeerResponse, CallError> {
+    /// The open connection, or a new one (after the hello) when there is none or the link
+    /// is cut.
+    async fn connect(&mut self) -> Result<&mut Conn, CallError> {
         if faults::is_cut(self.from, self.to) {
             self.conn = None;
             return Err(CallError::Unreachable(io::Error::new(
@@ -358,6 +415,11 @@ impl PeerClient {
             write_frame(&mut w, &hello).await.map_err(CallError::Unreachable)?;
             self.conn = Some((BufReader::new(r), w));
         }
+        self.conn.as_mut().ok_or(CallError::Timeout)
+    }
+
+    async fn call_inner(&mut self, req: &PeerRequest) -> Result<PeerResponse, CallError> {
+        self.connect().await?;
         faults::pass(self.from, self.to, "request").await.map_err(CallError::Network)?;
         let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };
         write_frame(w, req).await.map_err(CallError::Network)?;
@@ -401,6 +463,183 @@ fn unexpected(r: PeerResponse) -> RPCError<TypeConfig> {
     }
 }
 
+/// The last log id an append covers (its `prev_log_id` when it has no entries): what an
+/// answer of full success reports.
+fn append_last(req: &AppendEntriesRequest<TypeConfig>) -> Option<LogId> {
+    req.entries.last().map(|e| e.log_id()).or(req.prev_log_id)
+}
+
+/// The result items of an append stream, as openraft consumes them.
+type StreamItem = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
+
+/// The write half of a connection in stream mode, held by [`write_appends`] while it runs.
+type ConnWriter = BufWriter<WriteHalf<PeerStream>>;
+
+/// The task feeding a stream's appends to the socket; aborted when the stream is dropped, so
+/// a stream openraft abandons (conflict, leader change) stops sending at once.
+struct WriterTask(JoinHandle<io::Result<ConnWriter>>);
+
+impl Drop for WriterTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One append stream on one connection: the reading end, which yields the answers in order.
+struct AppendPipe<'s> {
+    client: &'s mut PeerClient,
+    /// The read half (`None` once given back to `client` after a clean end).
+    r: Option<BufReader<ReadHalf<PeerStream>>>,
+    /// The last log ids of the appends sent and not yet answered, oldest first.
+    sent: mpsc::UnboundedReceiver<Option<LogId>>,
+    /// Free slots of the in-flight window; an answer gives its slot back.
+    window: Arc<Semaphore>,
+    writer: WriterTask,
+    /// The write half, once the writer has sent [`StreamFrame::End`].
+    done_writing: Option<ConnWriter>,
+    /// Longest wait for the next answer while an append is outstanding.
+    ttl: Duration,
+}
+
+impl AppendPipe<'_> {
+    /// The next answer and whether the stream goes on after it, or `None` when the stream
+    /// is over. The connection goes back to the client only after the follower's `End`; a
+    /// stream that ends any other way drops it (its state is unknown: appends may be on the
+    /// wire or half read).
+    async fn next(&mut self) -> Option<(StreamItem, bool)> {
+        let Some(last) = self.sent.recv().await else {
+            // The writer has stopped: it sent `End`, or it failed.
+            return match self.read_reply().await {
+                Ok(StreamReply::End) => {
+                    if let (Some(r), Some(w)) = (self.r.take(), self.done_writing.take()) {
+                        self.client.conn = Some((r, w));
+                    }
+                    None
+                }
+                Ok(other) => Some((Err(protocol(&format!("stream reply {other:?} after the last answer"))), false)),
+                Err(e) => Some((Err(e.rpc()), false)),
+            };
+        };
+        let reply = match self.read_reply().await {
+            Ok(reply) => reply,
+            Err(e) => return Some((Err(e.rpc()), false)),
+        };
+        self.window.add_permits(1);
+        match reply {
+            // A partial success (less than was sent is durable) ends the stream: the appends
+            // after it extend entries the follower does not have.
+            StreamReply::Result(Ok(matched)) => {
+                let whole = matched == last;
+                Some((Ok(Ok(matched)), whole))
+            }
+            StreamReply::Result(Err(e)) => Some((Ok(Err(e)), false)),
+            StreamReply::Error(e) => Some((Err(RPCError::Network(NetworkError::from_string(e))), false)),
+            StreamReply::End => Some((Err(protocol("stream ended with appends unanswered")), false)),
+        }
+    }
+
+    /// Reads the next reply: within `ttl` (no progress for that long fails the stream), and
+    /// failing at once if the writer fails meanwhile (its append will never be answered).
+    async fn read_reply(&mut self) -> Result<StreamReply, CallError> {
+        let Some(r) = self.r.as_mut() else { return Err(CallError::Timeout) };
+        let read = read_frame::<StreamReply>(r);
+        tokio::pin!(read);
+        let deadline = tokio::time::sleep(self.ttl);
+        tokio::pin!(deadline);
+        let reply = loop {
+            tokio::select! {
+                frame = &mut read => break frame.map_err(CallError::Network)?,
+                () = &mut deadline => return Err(CallError::Timeout),
+                written = &mut self.writer.0, if self.done_writing.is_none() => match written {
+                    Ok(Ok(w)) => self.done_writing = Some(w),
+                    Ok(Err(e)) => return Err(CallError::Network(e)),
+                    Err(e) => return Err(CallError::Network(io::Error::other(e.to_string()))),
+                },
+            }
+        };
+        faults::pass(self.client.to, self.client.from, "answer").await.map_err(CallError::Network)?;
+        Ok(reply)
+    }
+}
+
+fn protocol(what: &str) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::from_string(format!("peer protocol: {what}")))
+}
+
+/// Sends the appends of `input` on `w` as they come, at most [`STREAM_IN_FLIGHT`] unanswered
+/// (a slot of `window` each), recording each one's last log id in `sent` before it leaves.
+/// Buffered frames are flushed whenever the next append is not ready at once, so appends
+/// produced together share one write. At the end of `input` it sends `End` and returns the
+/// write half.
+async fn write_appends<S>(
+    mut w: ConnWriter,
+    mut input: S,
+    sent: mpsc::UnboundedSender<Option<LogId>>,
+    window: Arc<Semaphore>,
+    (from, to): (u64, u64),
+) -> io::Result<ConnWriter>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "append stream dropped");
+    loop {
+        let slot = match Arc::clone(&window).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                w.flush().await?;
+                Arc::clone(&window).acquire_owned().await.map_err(|_| closed())?
+            }
+        };
+        let next = match input.next().now_or_never() {
+            Some(next) => next,
+            None => {
+                w.flush().await?;
+                input.next().await
+            }
+        };
+        let Some(req) = next else {
+            write_frame(&mut w, &StreamFrame::End).await?;
+            return Ok(w);
+        };
+        // The slot is given back by the reader when this append's answer arrives.
+        slot.forget();
+        if faults::is_cut(from, to) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
+        }
+        faults::pass(from, to, "append").await?;
+        sent.send(append_last(&req)).map_err(|_| closed())?;
+        write_frame_buffered(&mut w, &StreamFrame::Append(req)).await?;
+    }
+}
+
+impl PeerClient {
+    /// Opens an append stream: the client's connection (or a new one) switched into stream
+    /// mode, a task writing `input` to it and the stream of answers read from it.
+    async fn open_stream<'s, S>(&'s mut self, input: S, ttl: Duration) -> Result<AppendPipe<'s>, CallError>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let opened = tokio::time::timeout(ttl, async {
+            let (_, w) = self.connect().await?;
+            write_frame_buffered(w, &PeerRequest::StreamAppend).await.map_err(CallError::Network)
+        })
+        .await;
+        // From here the connection belongs to this stream; it comes back only after a clean end.
+        let conn = self.conn.take();
+        match opened {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(CallError::Timeout),
+        }
+        let Some((r, w)) = conn else { return Err(CallError::Timeout) };
+        let (sent_tx, sent) = mpsc::unbounded_channel();
+        let window = Arc::new(Semaphore::new(STREAM_IN_FLIGHT));
+        let link = (self.from, self.to);
+        let writer = WriterTask(tokio::spawn(write_appends(w, input, sent_tx, Arc::clone(&window), link)));
+        Ok(AppendPipe { client: self, r: Some(r), sent, window, writer, done_writing: None, ttl })
+    }
+}
+
 /// openraft's factory: one [`PeerClient`] per replication target.
 pub struct Network {
     pub cluster_id: u64,
@@ -428,6 +667,26 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             PeerResponse::Append(r) => Ok(r),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Pipelined appends on one connection (see [`STREAM_IN_FLIGHT`] and the module comment).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, StreamItem>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + openraft::OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let pipe = self.open_stream(input, option.soft_ttl()).await.map_err(CallError::rpc)?;
+            let answers = futures_util::stream::unfold(Some(pipe), |pipe| async move {
+                let mut pipe = pipe?;
+                let (item, more) = pipe.next().await?;
+                Some((item, more.then_some(pipe)))
+            });
+            Ok(Box::pin(answers) as BoxStream<'s, StreamItem>)
+        })
     }
 
     async fn vote(
@@ -523,6 +782,12 @@ where
         if faults::is_cut(hello.from, me) {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
         }
+        if let PeerRequest::StreamAppend = req {
+            if serve_stream(&mut r, &mut w, hello.from, me, handler.as_ref()).await? {
+                continue;
+            }
+            return Ok(());
+        }
         let resp = handler.handle(hello.from, req).await;
         if faults::is_cut(me, hello.from) {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
@@ -531,9 +796,88 @@ where
     }
 }
 
+/// Serves one append stream on a connection (after [`PeerRequest::StreamAppend`]): feeds the
+/// appends read into `handler.stream_append` and writes its answers back in order, flushing
+/// when no further answer is ready. Returns whether the connection is back in request mode
+/// (the leader's `End` was read and answered with `End`); `false` after a conflict, a higher
+/// vote or a stopped Raft, where the connection is closed. A bad frame is an error, which closes the
+/// connection and nothing else.
+async fn serve_stream<H, R, W>(r: &mut R, w: &mut W, from: u64, me: u64, handler: &H) -> io::Result<bool>
+where
+    H: PeerHandler,
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let cut = || io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)");
+    // The leader keeps at most `STREAM_IN_FLIGHT` unanswered, so this never fills up.
+    let (tx, rx) = mpsc::channel(STREAM_IN_FLIGHT);
+    let mut answers = handler.stream_append(from, Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    let feed = async move {
+        loop {
+            match read_frame::<StreamFrame>(r).await? {
+                StreamFrame::Append(req) => {
+                    if faults::is_cut(from, me) {
+                        return Err(cut());
+                    }
+                    if tx.send(req).await.is_err() {
+                        // Raft took no more (its answers say why). The leader may still be
+                        // sending: the connection cannot go back to request mode.
+                        return Ok(false);
+                    }
+                }
+                // Dropping `tx` ends the input; the answers end after the last one.
+                StreamFrame::End => return Ok(true),
+            }
+        }
+    };
+    let answer = async move {
+        loop {
+            let next = match answers.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    w.flush().await?;
+                    answers.next().await
+                }
+            };
+            let Some(next) = next else { break };
+            let reply = match next {
+                Ok(result) => StreamReply::Result(result),
+                Err(e) => StreamReply::Error(e),
+            };
+            if faults::is_cut(me, from) {
+                return Err(cut());
+            }
+            write_frame_buffered(w, &reply).await?;
+            if !matches!(reply, StreamReply::Result(Ok(_))) {
+                w.flush().await?;
+                return Ok(false);
+            }
+        }
+        write_frame(w, &StreamReply::End).await?;
+        Ok(true)
+    };
+    tokio::pin!(feed, answer);
+    tokio::select! {
+        fed = &mut feed => {
+            let leader_ended = fed?;
+            Ok(answer.await? && leader_ended)
+        }
+        // The answers ended before the leader's `End` (Raft stopped, a conflict): close.
+        answered = &mut answer => answered.map(|_| false),
+    }
+}
+
 /// What serves peer requests (the node).
 pub trait PeerHandler: Send + Sync + 'static {
     fn handle(&self, from: u64, req: PeerRequest) -> impl Future<Output = PeerResponse> + Send;
+    /// Appends from the leader `from` as a stream: answers in the order of the input, each
+    /// once its entries are durable; the stream ends after the first error (`Err` when Raft
+    /// has stopped).
+    fn stream_append(
+        &self,
+        from: u64,
+        input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+    ) -> BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>>;
     /// Answers a joining member's [`Discover`] from this member's view of the membership.
     fn discover(&self, peer_urls: &[String]) -> Discovered;
 }

@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use keeldb::fs::FileSystem;
 use openraft::async_runtime::WatchReceiver;
+use openraft::base::BoxStream;
+use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -24,7 +27,7 @@ use crate::log_store::LogStore;
 use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
 use crate::state_machine::{Shared, StateMachine};
 use crate::tls::PeerTls;
-use crate::types::{Member, Raft, Request, Response};
+use crate::types::{Member, Raft, Request, Response, TypeConfig};
 
 /// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
 #[derive(Debug, thiserror::Error)]
@@ -554,6 +557,14 @@ impl PeerHandler for Node {
         network::Discovered::Unknown(format!(
             "no member has peer URLs {peer_urls:?}; add it first (etcdctl member add / keel cluster add)"
         ))
+    }
+
+    fn stream_append(
+        &self,
+        _from: u64,
+        input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+    ) -> BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>> {
+        Box::pin(self.raft.stream_append(input).map(|r| r.map_err(|fatal| fatal.to_string())))
     }
 
     async fn handle(&self, _from: u64, req: PeerRequest) -> PeerResponse {
