@@ -1,0 +1,187 @@
+//! Peak memory of Raft snapshots (issue 11: snapshots are checkpoint streams, never whole in
+//! memory): how much a member that joins a loaded cluster, and so catches up from a snapshot,
+//! holds at its peak, and how much a `Maintenance.Snapshot` adds on the member serving it.
+//!
+//! Starts three `keel serve` processes on 127.0.0.1 (`--snapshot-count 1000`), loads `--keys`
+//! keys (100-byte values, 100 puts per txn, 32 txns in flight), adds a fourth member with
+//! `member add` and starts it with `--initial-cluster-state existing`, waits until it serves
+//! every key from its own state, and reports its peak RSS (VmHWM in /proc/PID/status) and the
+//! leader's. Then streams a `Maintenance.Snapshot` from a follower and reports that member's
+//! peak RSS before and after.
+//!
+//! ```text
+//! cargo build --release -p keel-cli
+//! cargo run --release -p keel-cluster --example snapshot_memory -- --keel target/release/keel --keys 1000000
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::indexing_slicing, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, Txn, TxnOp};
+
+const BASE_PORT: u16 = 26400;
+
+/// A member process, killed with the program (also when it panics).
+struct Member {
+    name: &'static str,
+    client: String,
+    child: Child,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn peer(i: u16) -> String {
+    format!("http://127.0.0.1:{}", BASE_PORT + 2 * i + 1)
+}
+
+fn spawn(keel: &Path, dir: &Path, name: &'static str, i: u16, initial_cluster: &str, state: &str) -> Member {
+    let client = format!("http://127.0.0.1:{}", BASE_PORT + 2 * i);
+    let child = Command::new(keel)
+        .args(["serve", "--name", name, "--data-dir"])
+        .arg(dir.join(name))
+        .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer(i), "--initial-advertise-peer-urls", &peer(i)])
+        .args(["--initial-cluster", initial_cluster, "--initial-cluster-state", state])
+        .args(["--snapshot-count", "1000", "--log-level", "error"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start keel serve");
+    Member { name, client, child }
+}
+
+/// (VmHWM, VmRSS) of a process, in MiB.
+fn memory(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .expect("a memory field")
+            / 1024.0
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+async fn member_id(url: &str) -> u64 {
+    let mut c = Client::connect([url], None).await.unwrap();
+    c.status().await.unwrap().header().unwrap().member_id()
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut keel = PathBuf::from("target/release/keel");
+    let mut keys: usize = 1_000_000;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--keel" => keel = PathBuf::from(args.next().expect("--keel PATH")),
+            "--keys" => keys = args.next().expect("--keys N").parse().expect("a number"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let names = ["a", "b", "c", "d"];
+    let cluster = |n: usize| {
+        names[..n].iter().enumerate().map(|(i, m)| format!("{m}={}", peer(i as u16))).collect::<Vec<_>>().join(",")
+    };
+    let mut members: Vec<Member> =
+        (0..3).map(|i| spawn(&keel, dir.path(), names[i], i as u16, &cluster(3), "new")).collect();
+    let endpoints: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
+    let mut client = loop {
+        if let Ok(mut c) = Client::connect(endpoints.clone(), None).await {
+            if c.put("ready", "1", None).await.is_ok() {
+                break c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    let load = Instant::now();
+    let value = vec![b'v'; 100];
+    let mut next = 0usize;
+    let mut inflight = tokio::task::JoinSet::new();
+    while next < keys || !inflight.is_empty() {
+        while next < keys && inflight.len() < 32 {
+            let ops: Vec<TxnOp> =
+                (next..(next + 100).min(keys)).map(|k| TxnOp::put(format!("key{k:08}"), value.clone(), None)).collect();
+            next += ops.len();
+            let mut c = client.clone();
+            inflight.spawn(async move { c.txn(Txn::new().and_then(ops)).await.map(|_| ()) });
+        }
+        if let Some(r) = inflight.join_next().await {
+            r.expect("load task").expect("load txn");
+        }
+    }
+    println!("loaded {keys} keys in {:.1} s", load.elapsed().as_secs_f64());
+    let leader = client.status().await.unwrap().leader();
+    let mut leader_at = 0;
+    for (i, m) in members.iter().enumerate() {
+        let (hwm, rss) = memory(m.child.id());
+        let is_leader = member_id(&m.client).await == leader;
+        if is_leader {
+            leader_at = i;
+        }
+        println!(
+            "member {} ({}) after the load: peak {hwm:.0} MiB, now {rss:.0} MiB",
+            m.name,
+            if is_leader { "leader" } else { "follower" }
+        );
+    }
+
+    // A new member: it needs a snapshot (the log behind the last one is purged).
+    client.member_add([peer(3)], None).await.unwrap();
+    let started = Instant::now();
+    members.push(spawn(&keel, dir.path(), names[3], 3, &cluster(4), "existing"));
+    let joiner = members[3].client.clone();
+    let deadline = started + Duration::from_secs(600);
+    loop {
+        assert!(Instant::now() < deadline, "the new member did not catch up within 600 s");
+        if let Ok(mut c) = Client::connect([joiner.as_str()], None).await {
+            let opts = GetOptions::new().with_prefix().with_count_only().with_serializable();
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.get("key", Some(opts))).await {
+                if r.count() as usize == keys {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snap = dir.path().join("d/member/sm/snap/current");
+    let snap_mib = std::fs::metadata(&snap).map(|m| m.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
+    let (hwm, rss) = memory(members[3].child.id());
+    println!(
+        "new member d caught up from a {snap_mib:.0} MiB snapshot in {:.1} s: peak {hwm:.0} MiB, now {rss:.0} MiB",
+        started.elapsed().as_secs_f64()
+    );
+    let (hwm, rss) = memory(members[leader_at].child.id());
+    println!("leader {} after sending it: peak {hwm:.0} MiB, now {rss:.0} MiB", members[leader_at].name);
+
+    // Maintenance.Snapshot from a follower that has served nothing else.
+    let f = (0..3).find(|i| *i != leader_at).unwrap();
+    let before = memory(members[f].child.id());
+    let mut c = Client::connect([members[f].client.as_str()], None).await.unwrap();
+    let mut stream = c.snapshot().await.unwrap();
+    let mut bytes = 0usize;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes += chunk.blob().len();
+    }
+    let after = memory(members[f].child.id());
+    println!(
+        "Maintenance.Snapshot of {:.0} MiB from {}: peak {:.0} MiB before, {:.0} MiB after (now {:.0} MiB)",
+        bytes as f64 / (1 << 20) as f64,
+        members[f].name,
+        before.0,
+        after.0,
+        after.1
+    );
+    drop(members);
+}
