@@ -781,6 +781,129 @@ mod tests {
     use super::faults;
     use std::time::Duration;
 
+    mod snapshot_receiver {
+        #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+        use std::sync::Arc;
+
+        use super::super::*;
+        use crate::snapshot_file::Snapshots;
+        use crate::types::{LogId, StoredMembership};
+
+        /// Receives into a `snap` directory of its own; "installing" answers the file's length.
+        struct Receiver {
+            snaps: Snapshots,
+        }
+
+        impl PeerHandler for Receiver {
+            async fn handle(&self, _from: u64, _req: PeerRequest) -> PeerResponse {
+                PeerResponse::Error("not in this test".into())
+            }
+            fn discover(&self, _peer_urls: &[String]) -> Discovered {
+                Discovered::Unknown(String::new())
+            }
+            fn snapshot_file(&self) -> io::Result<SnapshotFile> {
+                self.snaps.temp("recv")
+            }
+            async fn install_snapshot(&self, _vote: Vote, meta: SnapshotMeta, file: SnapshotFile) -> PeerResponse {
+                assert_eq!(meta, self::meta());
+                PeerResponse::ReadIndex(file.len())
+            }
+        }
+
+        fn meta() -> SnapshotMeta {
+            let leader = openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 1 };
+            SnapshotMeta { last_log_id: Some(LogId::new(leader, 7)), last_membership: StoredMembership::default() }
+        }
+
+        fn chunk(begin: Option<u64>, offset: u64, data: &[u8], end: Option<u128>) -> SnapshotChunk {
+            let begin = begin.map(|len| SnapshotBegin { vote: Vote::new(1, 1), meta: meta(), len });
+            SnapshotChunk { begin, offset, data: data.to_vec(), end }
+        }
+
+        fn partial_files(dir: &std::path::Path) -> usize {
+            std::fs::read_dir(dir).unwrap().count()
+        }
+
+        /// A snapshot file of the current layout around `checkpoint`.
+        fn file_bytes(checkpoint: &[u8]) -> Vec<u8> {
+            file_bytes_with(checkpoint, &meta())
+        }
+
+        fn file_bytes_with(checkpoint: &[u8], meta: &SnapshotMeta) -> Vec<u8> {
+            let meta = bincode::serialize(meta).unwrap();
+            let mut out = b"KEELSNP2".to_vec();
+            out.extend_from_slice(checkpoint);
+            out.extend_from_slice(&meta);
+            out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+            out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
+            out
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn chunks_out_of_step_are_refused_and_leave_no_file() {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("snap");
+            let h = Receiver { snaps: Snapshots::open(Arc::new(keeldb::fs::StdFs), &dir).unwrap() };
+            let bytes = file_bytes(&[5u8; 3000]);
+            let len = bytes.len() as u64;
+            let sum = xxhash_rust::xxh3::xxh3_128(&bytes);
+            let refused = |r: PeerResponse| matches!(r, PeerResponse::Error(e) if e.starts_with("snapshot refused"));
+            let mut slot = None;
+
+            // No transfer begun.
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, chunk(None, 0, &bytes[..10], None)).await));
+            // Each of these ends the transfer begun just before it, and removes its file.
+            let bad: Vec<(SnapshotChunk, &str)> = vec![
+                (chunk(None, 1100, &bytes[1100..1200], None), "a gap"),
+                (chunk(None, 500, &bytes[500..1000], None), "an overlap"),
+                (chunk(None, 1000, &vec![0u8; len as usize], None), "past the announced length"),
+                (chunk(None, 1000, &bytes[1000..2000], Some(sum)), "short"),
+                (chunk(None, 1000, &bytes[1000..], Some(sum ^ 1)), "a checksum that does not match"),
+            ];
+            for (c, what) in bad {
+                let first = chunk(Some(len), 0, &bytes[..1000], None);
+                assert!(matches!(
+                    receive_snapshot_chunk(&h, &mut slot, first).await,
+                    PeerResponse::SnapshotReceived(1000)
+                ));
+                assert_eq!(partial_files(&dir), 1);
+                assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "{what}");
+                assert!(slot.is_none() && partial_files(&dir) == 0, "{what}: the partial file is removed");
+            }
+            // Over the size limit: refused before any file is made.
+            assert!(refused(
+                receive_snapshot_chunk(&h, &mut slot, chunk(Some(MAX_SNAPSHOT_BYTES + 1), 0, &[], None)).await
+            ));
+            assert_eq!(partial_files(&dir), 0);
+            // A file whose metadata is not the announced one, with a matching checksum.
+            let mut other_meta = meta();
+            other_meta.last_log_id = other_meta.last_log_id.map(|mut l| {
+                l.index = 8;
+                l
+            });
+            let other = file_bytes_with(&[5u8; 3000], &other_meta);
+            let c = chunk(Some(other.len() as u64), 0, &other, Some(xxhash_rust::xxh3::xxh3_128(&other)));
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "metadata not as announced");
+            assert_eq!(partial_files(&dir), 0);
+            // Garbage that is not a snapshot file, with a matching checksum.
+            let junk = vec![9u8; 100];
+            let c = chunk(Some(100), 0, &junk, Some(xxhash_rust::xxh3::xxh3_128(&junk)));
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "garbage");
+            assert_eq!(partial_files(&dir), 0);
+            // A new transfer replaces one in progress; the whole file in order is handed over.
+            let first = chunk(Some(len), 0, &bytes[..1000], None);
+            assert!(matches!(receive_snapshot_chunk(&h, &mut slot, first).await, PeerResponse::SnapshotReceived(1000)));
+            let again = chunk(Some(len), 0, &bytes[..2000], None);
+            assert!(matches!(receive_snapshot_chunk(&h, &mut slot, again).await, PeerResponse::SnapshotReceived(2000)));
+            assert_eq!(partial_files(&dir), 1, "the replaced transfer's file is gone");
+            let last = chunk(None, 2000, &bytes[2000..], Some(sum));
+            assert!(
+                matches!(receive_snapshot_chunk(&h, &mut slot, last).await, PeerResponse::ReadIndex(l) if l == len)
+            );
+            assert_eq!(partial_files(&dir), 0, "dropped after the (test) install");
+        }
+    }
+
     /// The only unit test touching the process-wide faults (the in-process cluster tests
     /// that use them are in binaries of their own).
     #[test]

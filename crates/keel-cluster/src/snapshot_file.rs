@@ -400,6 +400,15 @@ mod tests {
         }
         let mut f = snaps.temp("recv").unwrap();
         f.write_at(0, &bytes).unwrap();
-        assert_eq!(f.parse().unwrap().0, meta(1));
+        let (read, f) = f.parse().unwrap();
+        assert_eq!(read, meta(1));
+        let checkpoint = f.checkpoint().read(0, usize::MAX >> 1).unwrap();
+        // A `current` of the earlier layout (meta length, meta, checkpoint) still reads.
+        let meta_bytes = bincode::serialize(&meta(1)).unwrap();
+        let old = [&(meta_bytes.len() as u64).to_le_bytes()[..], &meta_bytes, &checkpoint].concat();
+        std::fs::write(snaps.dir().join(CURRENT), old).unwrap();
+        let (read, f) = snaps.current().unwrap().unwrap();
+        assert_eq!(read, meta(1));
+        assert_eq!(f.checkpoint().read(0, usize::MAX >> 1).unwrap(), checkpoint);
     }
 }
