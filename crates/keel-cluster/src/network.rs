@@ -336,8 +336,6 @@ pub enum PeerResponse {
     Append(AppendEntriesResponse<TypeConfig>),
     Vote(VoteResponse<TypeConfig>),
     Snapshot(SnapshotResponse<TypeConfig>),
-    /// A snapshot chunk was written; the bytes received so far.
-    SnapshotReceived(u64),
     TransferLeader(TransferLeaderResponse<TypeConfig>),
     Forward(Response),
     ReadIndex(u64),
@@ -345,6 +343,9 @@ pub enum PeerResponse {
     /// Not the leader (forward/read index/admin): the leader known, if any.
     NotLeader(Option<u64>),
     Error(String),
+    /// A snapshot chunk was written; the bytes received so far. (Last, so that the other
+    /// variants keep their bincode tags.)
+    SnapshotReceived(u64),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
