@@ -2,7 +2,9 @@
 //! memory): how much a member that joins a loaded cluster, and so catches up from a snapshot,
 //! holds at its peak, and how much a `Maintenance.Snapshot` adds on the member serving it.
 //!
-//! Starts three `keel serve` processes on 127.0.0.1 (`--snapshot-count 1000`), loads `--keys`
+//! Starts three member processes on 127.0.0.1 (this program again, with `--member`: a
+//! `keel_cluster::Server` with `keel serve`'s defaults and a snapshot count of 1000, so that
+//! only this crate needs building), loads `--keys`
 //! keys (100-byte values, 100 puts per txn, 32 txns in flight), adds a fourth member with
 //! `member add` and starts it with `--initial-cluster-state existing`, waits until it serves
 //! every key from its own state, and reports its peak RSS (VmHWM in /proc/PID/status) and the
@@ -10,8 +12,7 @@
 //! peak RSS before and after.
 //!
 //! ```text
-//! cargo build --release -p keel-cli
-//! cargo run --release -p keel-cluster --example snapshot_memory -- --keel target/release/keel --keys 1000000
+//! cargo run --release -p keel-cluster --example snapshot_memory -- --keys 1000000
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::indexing_slicing, clippy::panic)]
 
@@ -20,6 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use keel_cluster::ServeConfig;
 
 const BASE_PORT: u16 = 26400;
 
@@ -41,20 +43,45 @@ fn peer(i: u16) -> String {
     format!("http://127.0.0.1:{}", BASE_PORT + 2 * i + 1)
 }
 
-fn spawn(keel: &Path, dir: &Path, name: &'static str, i: u16, initial_cluster: &str, state: &str) -> Member {
-    let client = format!("http://127.0.0.1:{}", BASE_PORT + 2 * i);
-    let child = Command::new(keel)
-        .args(["serve", "--name", name, "--data-dir"])
+fn client_url(i: u16) -> String {
+    format!("http://127.0.0.1:{}", BASE_PORT + 2 * i)
+}
+
+/// Starts member `i` of `members` (names) as a process of its own.
+fn spawn(dir: &Path, name: &'static str, i: u16, members: usize, state: &str) -> Member {
+    let child = Command::new(std::env::current_exe().expect("this program"))
+        .args(["--member", name, &i.to_string(), &members.to_string(), state])
         .arg(dir.join(name))
-        .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-        .args(["--listen-peer-urls", &peer(i), "--initial-advertise-peer-urls", &peer(i)])
-        .args(["--initial-cluster", initial_cluster, "--initial-cluster-state", state])
-        .args(["--snapshot-count", "1000", "--log-level", "error"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start keel serve");
-    Member { name, client, child }
+        .expect("start a member");
+    Member { name, client: client_url(i), child }
+}
+
+/// The member process: serves until killed.
+async fn member(mut args: impl Iterator<Item = String>) {
+    let name = args.next().expect("name");
+    let i: u16 = args.next().expect("index").parse().expect("a number");
+    let n: u16 = args.next().expect("members").parse().expect("a number");
+    let state = args.next().expect("state");
+    let dir = PathBuf::from(args.next().expect("data dir"));
+    let names = ["a", "b", "c", "d"];
+    let config = ServeConfig {
+        name,
+        data_dir: dir,
+        listen_client_urls: vec![client_url(i)],
+        advertise_client_urls: vec![client_url(i)],
+        listen_peer_urls: vec![peer(i)],
+        initial_advertise_peer_urls: vec![peer(i)],
+        initial_cluster: (0..n).map(|m| (names[m as usize].to_string(), vec![peer(m)])).collect(),
+        initial_cluster_token: "snapshot-memory".into(),
+        join_existing: state == "existing",
+        snapshot_count: 1000,
+        ..ServeConfig::default()
+    };
+    let server = keel_cluster::Server::start(config).await.expect("member start");
+    server.node.stopped().await;
 }
 
 /// (VmHWM, VmRSS) of a process, in MiB.
@@ -78,32 +105,36 @@ async fn member_id(url: &str) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
-    let mut keel = PathBuf::from("target/release/keel");
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().is_some_and(|a| a == "--member") {
+        args.next();
+        return member(args).await;
+    }
     let mut keys: usize = 1_000_000;
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--keel" => keel = PathBuf::from(args.next().expect("--keel PATH")),
             "--keys" => keys = args.next().expect("--keys N").parse().expect("a number"),
             other => panic!("unknown argument {other}"),
         }
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let names = ["a", "b", "c", "d"];
-    let cluster = |n: usize| {
-        names[..n].iter().enumerate().map(|(i, m)| format!("{m}={}", peer(i as u16))).collect::<Vec<_>>().join(",")
-    };
-    let mut members: Vec<Member> =
-        (0..3).map(|i| spawn(&keel, dir.path(), names[i], i as u16, &cluster(3), "new")).collect();
+    let mut members: Vec<Member> = (0..3).map(|i| spawn(dir.path(), names[i], i as u16, 3, "new")).collect();
     let endpoints: Vec<String> = members.iter().map(|m| m.client.clone()).collect();
-    let mut client = loop {
-        if let Ok(mut c) = Client::connect(endpoints.clone(), None).await {
-            if c.put("ready", "1", None).await.is_ok() {
-                break c;
+    // Every member answers before the load starts.
+    for e in &endpoints {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(mut c) = Client::connect([e.as_str()], None).await {
+                if c.put("ready", "1", None).await.is_ok() {
+                    break;
+                }
             }
+            assert!(Instant::now() < deadline, "{e} did not answer");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
+    let mut client = Client::connect(endpoints.clone(), None).await.unwrap();
 
     let load = Instant::now();
     let value = vec![b'v'; 100];
@@ -115,7 +146,21 @@ async fn main() {
                 (next..(next + 100).min(keys)).map(|k| TxnOp::put(format!("key{k:08}"), value.clone(), None)).collect();
             next += ops.len();
             let mut c = client.clone();
-            inflight.spawn(async move { c.txn(Txn::new().and_then(ops)).await.map(|_| ()) });
+            // Puts are idempotent here: a txn that timed out (unknown outcome) is sent again.
+            inflight.spawn(async move {
+                let mut tries = 0;
+                loop {
+                    match c.txn(Txn::new().and_then(ops.clone())).await {
+                        Ok(_) => return Ok(()),
+                        Err(e) if tries < 10 => {
+                            tries += 1;
+                            eprintln!("retrying a load txn: {e}");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            });
         }
         if let Some(r) = inflight.join_next().await {
             r.expect("load task").expect("load txn");
@@ -140,7 +185,7 @@ async fn main() {
     // A new member: it needs a snapshot (the log behind the last one is purged).
     client.member_add([peer(3)], None).await.unwrap();
     let started = Instant::now();
-    members.push(spawn(&keel, dir.path(), names[3], 3, &cluster(4), "existing"));
+    members.push(spawn(dir.path(), names[3], 3, 4, "existing"));
     let joiner = members[3].client.clone();
     let deadline = started + Duration::from_secs(600);
     loop {
