@@ -9,7 +9,8 @@
 //! `member add` and starts it with `--initial-cluster-state existing`, waits until it serves
 //! every key from its own state, and reports its peak RSS (VmHWM in /proc/PID/status) and the
 //! leader's. Then streams a `Maintenance.Snapshot` from a follower and reports that member's
-//! peak RSS before and after.
+//! peak RSS before and after. Last, a follower is killed, misses 3,000 writes and restarts:
+//! its peak RSS while it catches up from a snapshot on top of its own state.
 //!
 //! ```text
 //! cargo run --release -p keel-cluster --example snapshot_memory -- --keys 1000000
@@ -227,6 +228,49 @@ async fn main() {
         before.0,
         after.0,
         after.1
+    );
+
+    // A lagging member: a follower is killed, 3,000 writes go by (more than the log keeps
+    // behind a snapshot), and it restarts from its own disk, then catches up from a snapshot.
+    let f = (0..3).find(|i| *i != leader_at).unwrap();
+    let _ = members[f].child.kill();
+    let _ = members[f].child.wait();
+    let mut more = tokio::task::JoinSet::new();
+    for w in 0..32 {
+        let mut c = Client::connect([members[leader_at].client.as_str()], None).await.unwrap();
+        more.spawn(async move {
+            for k in (w..3000).step_by(32) {
+                c.put(format!("key-late{k:05}"), vec![b'w'; 100], None).await.unwrap();
+            }
+        });
+    }
+    while let Some(r) = more.join_next().await {
+        r.unwrap();
+    }
+    let restarted = std::time::SystemTime::now();
+    let started = Instant::now();
+    members[f] = spawn(dir.path(), names[f], f as u16, 3, "new");
+    let url = members[f].client.clone();
+    let deadline = started + Duration::from_secs(600);
+    loop {
+        assert!(Instant::now() < deadline, "the lagging member did not catch up within 600 s");
+        if let Ok(mut c) = Client::connect([url.as_str()], None).await {
+            let opts = GetOptions::new().with_prefix().with_count_only().with_serializable();
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.get("key", Some(opts))).await {
+                if r.count() as usize == keys + 3000 {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snap = dir.path().join(names[f]).join("member/sm/snap/current");
+    let installed = std::fs::metadata(&snap).and_then(|m| m.modified()).is_ok_and(|t| t > restarted);
+    let (hwm, rss) = memory(members[f].child.id());
+    println!(
+        "lagging member {} restarted and caught up in {:.1} s (snapshot received: {installed}): peak {hwm:.0} MiB, now {rss:.0} MiB",
+        members[f].name,
+        started.elapsed().as_secs_f64()
     );
     drop(members);
 }
