@@ -10,15 +10,45 @@ use sha2::{Digest, Sha256};
 const ALIGN: usize = 512;
 const HASH: usize = 32;
 
+/// The length of the snapshot file around a checkpoint stream of `len` bytes.
+pub fn encoded_len(len: u64) -> u64 {
+    (len + 8).div_ceil(ALIGN as u64) * ALIGN as u64 + HASH as u64
+}
+
+/// Writes the snapshot file while the checkpoint streams through: hash each piece as it
+/// passes, then [`Encoder::finish`] gives the bytes after the checkpoint (padding, length,
+/// hash). Nothing but the hash state is kept.
+#[derive(Default)]
+pub struct Encoder {
+    hash: Sha256,
+    len: u64,
+}
+
+impl Encoder {
+    /// Takes the next piece of the checkpoint stream (sent on as it is).
+    pub fn update(&mut self, piece: &[u8]) {
+        self.hash.update(piece);
+        self.len += piece.len() as u64;
+    }
+
+    /// The bytes that end the file: zero padding, the stream's length, the SHA-256.
+    pub fn finish(mut self) -> Vec<u8> {
+        let pad = encoded_len(self.len) - HASH as u64 - 8 - self.len;
+        let mut tail = vec![0u8; pad as usize];
+        tail.extend_from_slice(&self.len.to_le_bytes());
+        self.hash.update(&tail);
+        let hash = self.hash.finalize();
+        tail.extend_from_slice(&hash);
+        tail
+    }
+}
+
 /// Wraps a checkpoint stream into a snapshot file.
 pub fn encode(checkpoint: &[u8]) -> Vec<u8> {
-    let body = (checkpoint.len() + 8).div_ceil(ALIGN) * ALIGN;
-    let mut out = Vec::with_capacity(body + HASH);
-    out.extend_from_slice(checkpoint);
-    out.resize(body - 8, 0);
-    out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
-    let hash = Sha256::digest(&out);
-    out.extend_from_slice(&hash);
+    let mut e = Encoder::default();
+    e.update(checkpoint);
+    let mut out = checkpoint.to_vec();
+    out.extend_from_slice(&e.finish());
     out
 }
 
@@ -48,6 +78,16 @@ mod tests {
             let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
             let file = encode(&data);
             assert_eq!(file.len() % ALIGN, HASH, "etcdctl's check");
+            assert_eq!(file.len() as u64, encoded_len(n as u64));
+            // Streamed in uneven pieces, the same bytes.
+            let mut e = Encoder::default();
+            let mut streamed = Vec::new();
+            for piece in data.chunks(7) {
+                e.update(piece);
+                streamed.extend_from_slice(piece);
+            }
+            streamed.extend_from_slice(&e.finish());
+            assert_eq!(streamed, file);
             assert_eq!(decode(&file).map(<[u8]>::to_vec), Ok(data));
         }
         let mut file = encode(b"checkpoint");

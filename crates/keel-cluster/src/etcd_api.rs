@@ -356,33 +356,56 @@ impl PbMaintenanceService for Api {
         _request: GrpcRequest<PbSnapshotRequest>,
     ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
         // One consistent checkpoint of this member's state (as of its last applied entry),
-        // exported off the runtime and streamed in chunks; `keel snapshot restore` turns it
+        // exported off the runtime into a temporary file, then streamed from it in 64 KiB
+        // pieces, hashed on the way (the backup layout is in `backup.rs`); the file is removed
+        // when the stream ends or the client goes. `keel snapshot restore` turns the stream
         // into the data directory of a new cluster.
         let sm = std::sync::Arc::clone(&self.node.sm);
-        let bytes = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            sm.db.export_checkpoint(&mut out).map(|_| out)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(|e| Status::internal(format!("keel: snapshot export failed: {e}")))?;
-        let bytes = crate::backup::encode(&bytes);
+        let (_, file) = tokio::task::spawn_blocking(move || sm.export_snapshot("backup"))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(format!("keel: snapshot export failed: {e}")))?;
         let header = self.header(0);
         const CHUNK: usize = 64 * 1024;
-        let total = bytes.len();
-        let chunks: Vec<Result<PbSnapshotResponse, Status>> = bytes
-            .chunks(CHUNK)
-            .enumerate()
-            .map(|(i, blob)| {
-                Ok(PbSnapshotResponse {
-                    header: Some(header),
-                    remaining_bytes: (total - (i * CHUNK + blob.len())) as u64,
-                    blob: blob.to_vec(),
-                    version: ETCD_VERSION.to_string(),
-                })
-            })
-            .collect();
-        Ok(GrpcResponse::new(Box::pin(tokio_stream::iter(chunks))))
+        let checkpoint = file.checkpoint();
+        let total = crate::backup::encoded_len(checkpoint.len());
+        let message = move |sent: u64, blob: Vec<u8>| PbSnapshotResponse {
+            header: Some(header),
+            remaining_bytes: total - sent,
+            blob,
+            version: ETCD_VERSION.to_string(),
+        };
+        // (file kept open and alive, offset into the checkpoint, the hash so far: None once
+        // the tail is sent).
+        let start = (file, 0u64, Some(crate::backup::Encoder::default()));
+        let stream = futures_util::stream::unfold(start, move |(file, at, encoder)| {
+            let checkpoint = checkpoint.clone();
+            async move {
+                let mut encoder = encoder?;
+                if at < checkpoint.len() {
+                    let piece = tokio::task::spawn_blocking(move || checkpoint.read(at, CHUNK)).await;
+                    let piece = match piece {
+                        Ok(Ok(p)) if !p.is_empty() => p,
+                        Ok(Ok(_)) => {
+                            return Some((Err(Status::internal("keel: snapshot file ended early")), (file, at, None)))
+                        }
+                        Ok(Err(e)) => {
+                            return Some((
+                                Err(Status::internal(format!("keel: snapshot read failed: {e}"))),
+                                (file, at, None),
+                            ))
+                        }
+                        Err(e) => return Some((Err(Status::internal(e.to_string())), (file, at, None))),
+                    };
+                    encoder.update(&piece);
+                    let at = at + piece.len() as u64;
+                    return Some((Ok(message(at, piece)), (file, at, Some(encoder))));
+                }
+                let tail = encoder.finish();
+                Some((Ok(message(total, tail)), (file, at, None)))
+            }
+        });
+        Ok(GrpcResponse::new(Box::pin(stream)))
     }
 
     async fn move_leader(

@@ -12,6 +12,7 @@ pub mod log_store;
 pub mod mvcc;
 pub mod network;
 pub mod node;
+pub mod snapshot_file;
 pub mod state_machine;
 pub mod tls;
 pub mod types;

@@ -39,6 +39,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::snapshot_file::{SnapshotFile, IO_CHUNK};
 use crate::tls::{PeerStream, PeerTls};
 use crate::types::{LogId, Member, Request, Response, SnapshotMeta, TypeConfig, Vote};
 
@@ -173,6 +174,50 @@ pub mod faults {
         Ok(())
     }
 
+    /// How a snapshot transfer is damaged on its way (see [`set_snapshot_fault`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum SnapshotFault {
+        /// One byte of the second chunk flipped after the sender hashed it.
+        FlipByte,
+        /// The last chunk left out: the stream ends short of its declared length.
+        Truncate,
+        /// The connection dropped after the first chunk.
+        Drop,
+    }
+
+    static SNAPSHOT_FAULT: Mutex<Option<SnapshotFault>> = Mutex::new(None);
+    static SNAPSHOT_FAULTS_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SNAPSHOT_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// Damages every snapshot transfer from now on in the way given (`None` stops it).
+    pub fn set_snapshot_fault(fault: Option<SnapshotFault>) {
+        *SNAPSHOT_FAULT.lock() = fault;
+    }
+
+    /// The fault to apply to the transfer starting now, counted.
+    pub(crate) fn snapshot_fault() -> Option<SnapshotFault> {
+        let f = *SNAPSHOT_FAULT.lock();
+        if f.is_some() {
+            SNAPSHOT_FAULTS_SENT.fetch_add(1, Ordering::AcqRel);
+        }
+        f
+    }
+
+    /// Transfers damaged so far (sender side).
+    pub fn snapshot_faults_sent() -> u64 {
+        SNAPSHOT_FAULTS_SENT.load(Ordering::Acquire)
+    }
+
+    /// Counts a transfer a receiver refused.
+    pub(crate) fn count_snapshot_refused() {
+        SNAPSHOT_REFUSED.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Transfers receivers refused so far (checksum, length, offsets or layout).
+    pub fn snapshot_refused() -> u64 {
+        SNAPSHOT_REFUSED.load(Ordering::Acquire)
+    }
+
     /// Whether the next message from `a` to `b` is lost.
     pub fn lost(a: u64, b: u64) -> bool {
         if !ANY.load(Ordering::Acquire) {
@@ -185,8 +230,14 @@ pub mod faults {
     }
 }
 
-/// Largest frame accepted (a snapshot travels in one frame).
+/// Largest frame accepted.
 pub const MAX_FRAME: usize = 1 << 30;
+/// Largest snapshot chunk a sender puts in one frame (a receiver refuses larger ones).
+pub const MAX_SNAPSHOT_CHUNK: usize = 16 << 20;
+/// Smallest snapshot chunk a sender uses, whatever it is configured to.
+const MIN_SNAPSHOT_CHUNK: usize = 4 << 10;
+/// Largest snapshot a receiver accepts (the engine's default stream limit).
+pub const MAX_SNAPSHOT_BYTES: u64 = 64 << 30;
 const MAGIC: u64 = 0x4b45_454c_5045_4552; // "KEELPEER"
 
 /// The first frame of every peer connection.
@@ -204,11 +255,9 @@ pub enum PeerRequest {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<TypeConfig>),
     PreVote(VoteRequest<TypeConfig>),
-    Snapshot {
-        vote: Vote,
-        meta: SnapshotMeta,
-        data: Vec<u8>,
-    },
+    /// One piece of a snapshot file, in order, on a connection of its own (see
+    /// [`SnapshotChunk`]).
+    SnapshotChunk(SnapshotChunk),
     TransferLeader(TransferLeaderRequest<TypeConfig>),
     /// A client write received by a follower, proposed by the leader on its behalf.
     Forward(Request),
@@ -251,6 +300,39 @@ pub enum StreamReply {
     Error(String),
     /// Every append before [`StreamFrame::End`] was answered.
     End,
+}
+
+/// A piece of a snapshot transfer. The first carries `begin`; each one continues where the
+/// last ended; the last carries `end`, the XXH3-128 of the whole file, and is answered by the
+/// install's result. Every other piece is answered with [`PeerResponse::SnapshotReceived`].
+#[derive(Serialize, Deserialize)]
+pub struct SnapshotChunk {
+    pub begin: Option<SnapshotBegin>,
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub end: Option<u128>,
+}
+
+impl std::fmt::Debug for SnapshotChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SnapshotChunk(begin {:?}, {} bytes at {}, end {:?})",
+            self.begin,
+            self.data.len(),
+            self.offset,
+            self.end
+        )
+    }
+}
+
+/// What a snapshot transfer is: the leader's vote, the snapshot's metadata (the file must
+/// carry the same) and the file's length.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct SnapshotBegin {
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+    pub len: u64,
 }
 
 /// Asked by a member joining with `--initial-cluster-state existing` and no data yet, on a
@@ -310,6 +392,9 @@ pub enum PeerResponse {
     /// Not the leader (forward/read index/admin): the leader known, if any.
     NotLeader(Option<u64>),
     Error(String),
+    /// A snapshot chunk was written; the bytes received so far. (Last, so that the other
+    /// variants keep their bincode tags.)
+    SnapshotReceived(u64),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
@@ -655,8 +740,146 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
+impl PeerClient {
+    /// Sends a snapshot file in chunks of `chunk` bytes, each read from the file into one
+    /// bounded buffer and answered before the next is read; each waits at most `timeout`, the
+    /// last (which the receiver answers after installing) at most `install_timeout`.
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        meta: SnapshotMeta,
+        file: SnapshotFile,
+        chunk: usize,
+        (timeout, install_timeout): (Duration, Duration),
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let fault = faults::snapshot_fault();
+        let range = file.whole();
+        let len = range.len();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut begin = Some(SnapshotBegin { vote, meta, len });
+        let mut offset = 0u64;
+        let mut n = 0u64;
+        let net = |e: String| StreamingError::Network(NetworkError::from_string(e));
+        loop {
+            let part = range.clone();
+            let mut data = tokio::task::spawn_blocking(move || part.read(offset, chunk))
+                .await
+                .map_err(|e| net(e.to_string()))?
+                .map_err(|e| net(format!("reading the snapshot file: {e}")))?;
+            hasher.update(&data);
+            let last = offset + data.len() as u64 >= len;
+            match fault {
+                Some(faults::SnapshotFault::FlipByte) if n == 1 => data.iter_mut().take(1).for_each(|b| *b ^= 1),
+                Some(faults::SnapshotFault::Drop) if n == 1 => {
+                    self.conn = None;
+                    return Err(net("connection dropped (test fault)".into()));
+                }
+                _ => {}
+            }
+            let truncate = last && fault == Some(faults::SnapshotFault::Truncate) && offset > 0;
+            let sent = data.len() as u64;
+            let piece = SnapshotChunk {
+                begin: begin.take(),
+                offset,
+                data: if truncate { Vec::new() } else { data },
+                end: last.then(|| hasher.digest128()),
+            };
+            let wait = if last { install_timeout } else { timeout };
+            match self.call(&PeerRequest::SnapshotChunk(piece), wait).await {
+                Ok(PeerResponse::SnapshotReceived(at)) if !last && at == offset + sent => {}
+                Ok(PeerResponse::Snapshot(r)) if last => return Ok(r),
+                Ok(other) => {
+                    // Out of step: the next attempt starts over on a new connection.
+                    self.conn = None;
+                    return Err(net(format!("snapshot chunk at {offset}: unexpected peer response {other:?}")));
+                }
+                Err(CallError::Unreachable(e)) => return Err(StreamingError::Unreachable(Unreachable::new(&e))),
+                Err(e) => return Err(net(e.to_string())),
+            }
+            offset += sent;
+            n += 1;
+        }
+    }
+}
+
+/// A snapshot transfer being received on one connection. Dropping it (a refused chunk, a
+/// new transfer, the connection closing) removes its partial file.
+pub struct IncomingSnapshot {
+    vote: Vote,
+    meta: SnapshotMeta,
+    len: u64,
+    received: u64,
+    hasher: xxhash_rust::xxh3::Xxh3,
+    file: SnapshotFile,
+}
+
+/// Receives one chunk of a snapshot transfer into `slot`, this connection's transfer in
+/// progress. Bytes from a peer are untrusted: a chunk out of order, past the declared length,
+/// a stream that ends short, a checksum that does not match or a file whose layout or
+/// metadata is not what `begin` said ends the transfer (its file removed) with an error, and
+/// nothing is installed; the leader starts over. A complete, matching file is handed to Raft.
+pub async fn receive_snapshot_chunk<H: PeerHandler>(
+    handler: &H,
+    slot: &mut Option<IncomingSnapshot>,
+    chunk: SnapshotChunk,
+) -> PeerResponse {
+    match receive_chunk(handler, slot, chunk) {
+        Err(e) => {
+            *slot = None;
+            faults::count_snapshot_refused();
+            PeerResponse::Error(format!("snapshot refused: {e}"))
+        }
+        Ok(None) => PeerResponse::SnapshotReceived(slot.as_ref().map_or(0, |s| s.received)),
+        Ok(Some(done)) => handler.install_snapshot(done.0, done.1, done.2).await,
+    }
+}
+
+type Received = (Vote, SnapshotMeta, SnapshotFile);
+
+fn receive_chunk<H: PeerHandler>(
+    handler: &H,
+    slot: &mut Option<IncomingSnapshot>,
+    chunk: SnapshotChunk,
+) -> Result<Option<Received>, String> {
+    if let Some(begin) = chunk.begin {
+        // A new transfer replaces one in progress (whose file goes with it).
+        *slot = None;
+        if begin.len > MAX_SNAPSHOT_BYTES {
+            return Err(format!("{} bytes is over the limit of {MAX_SNAPSHOT_BYTES}", begin.len));
+        }
+        let file = handler.snapshot_file().map_err(|e| format!("cannot make a file for it: {e}"))?;
+        let hasher = xxhash_rust::xxh3::Xxh3::new();
+        *slot =
+            Some(IncomingSnapshot { vote: begin.vote, meta: begin.meta, len: begin.len, received: 0, hasher, file });
+    }
+    let Some(r) = slot.as_mut() else { return Err("a chunk without a transfer in progress".into()) };
+    let n = chunk.data.len() as u64;
+    if chunk.offset != r.received {
+        return Err(format!("a chunk at {} where {} was expected", chunk.offset, r.received));
+    }
+    if chunk.data.len() > MAX_SNAPSHOT_CHUNK || r.received + n > r.len {
+        return Err(format!("{n} bytes at {} is past the declared {} bytes", chunk.offset, r.len));
+    }
+    tokio::task::block_in_place(|| r.file.write_at(r.received, &chunk.data)).map_err(|e| format!("writing: {e}"))?;
+    r.hasher.update(&chunk.data);
+    r.received += n;
+    let Some(sum) = chunk.end else { return Ok(None) };
+    let Some(r) = slot.take() else { return Err("no transfer".into()) };
+    if r.received != r.len {
+        return Err(format!("the stream ended at {} of {} bytes", r.received, r.len));
+    }
+    if r.hasher.digest128() != sum {
+        return Err("checksum mismatch: the stream was damaged on its way".into());
+    }
+    let (meta, file) = r.file.parse().map_err(|e| e.to_string())?;
+    if meta != r.meta {
+        return Err(format!("the file's metadata {meta:?} is not the announced {:?}", r.meta));
+    }
+    Ok(Some((r.vote, meta, file)))
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerClient {
-    type SnapshotData = std::io::Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotFile;
 
     async fn append_entries(
         &mut self,
@@ -714,20 +937,22 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     async fn full_snapshot(
         &mut self,
         vote: Vote,
-        snapshot: openraft::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>,
         cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let req = PeerRequest::Snapshot { vote, meta: snapshot.meta, data: snapshot.snapshot.into_inner() };
-        let call = self.call(&req, Duration::from_secs(600));
+        let chunk = option.snapshot_chunk_size().unwrap_or(IO_CHUNK).clamp(MIN_SNAPSHOT_CHUNK, MAX_SNAPSHOT_CHUNK);
+        // Installing a large snapshot takes longer than writing a chunk: the last chunk is
+        // answered after the install, and gets ten times the per-chunk time (at least 10 min).
+        let timeouts = (option.hard_ttl(), (option.hard_ttl() * 10).max(Duration::from_secs(600)));
+        let send = self.send_snapshot(vote, snapshot.meta, snapshot.snapshot, chunk, timeouts);
         tokio::select! {
-            closed = cancel => Err(StreamingError::Closed(closed)),
-            r = call => match r {
-                Ok(PeerResponse::Snapshot(r)) => Ok(r),
-                Ok(other) => Err(StreamingError::Network(NetworkError::from_string(format!("unexpected peer response {other:?}")))),
-                Err(CallError::Unreachable(e)) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
-                Err(e) => Err(StreamingError::Network(NetworkError::from_string(e))),
+            closed = cancel => {
+                // The receiver drops the half-sent file when the connection closes.
+                self.conn = None;
+                Err(StreamingError::Closed(closed))
             }
+            r = send => r,
         }
     }
 
@@ -773,6 +998,8 @@ where
             ),
         ));
     }
+    // This connection's snapshot transfer in progress; its partial file goes with it.
+    let mut snapshot_in: Option<IncomingSnapshot> = None;
     loop {
         let req: PeerRequest = match read_frame(&mut r).await {
             Ok(req) => req,
@@ -788,7 +1015,10 @@ where
             }
             return Ok(());
         }
-        let resp = handler.handle(hello.from, req).await;
+        let resp = match req {
+            PeerRequest::SnapshotChunk(c) => receive_snapshot_chunk(&*handler, &mut snapshot_in, c).await,
+            req => handler.handle(hello.from, req).await,
+        };
         if faults::is_cut(me, hello.from) {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "link cut (test fault)"));
         }
@@ -880,12 +1110,151 @@ pub trait PeerHandler: Send + Sync + 'static {
     ) -> BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>>;
     /// Answers a joining member's [`Discover`] from this member's view of the membership.
     fn discover(&self, peer_urls: &[String]) -> Discovered;
+    /// A new temporary file to receive a snapshot into.
+    fn snapshot_file(&self) -> io::Result<SnapshotFile>;
+    /// Hands a completely received and checked snapshot to Raft.
+    fn install_snapshot(
+        &self,
+        vote: Vote,
+        meta: SnapshotMeta,
+        file: SnapshotFile,
+    ) -> impl Future<Output = PeerResponse> + Send;
 }
 
 #[cfg(test)]
 mod tests {
     use super::faults;
     use std::time::Duration;
+
+    mod snapshot_receiver {
+        #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+        use std::sync::Arc;
+
+        use super::super::*;
+        use crate::snapshot_file::Snapshots;
+        use crate::types::{LogId, StoredMembership};
+
+        /// Receives into a `snap` directory of its own; "installing" answers the file's length.
+        struct Receiver {
+            snaps: Snapshots,
+        }
+
+        impl PeerHandler for Receiver {
+            async fn handle(&self, _from: u64, _req: PeerRequest) -> PeerResponse {
+                PeerResponse::Error("not in this test".into())
+            }
+            fn discover(&self, _peer_urls: &[String]) -> Discovered {
+                Discovered::Unknown(String::new())
+            }
+            fn snapshot_file(&self) -> io::Result<SnapshotFile> {
+                self.snaps.temp("recv")
+            }
+            fn stream_append(
+                &self,
+                _from: u64,
+                _input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+            ) -> BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>> {
+                Box::pin(futures_util::stream::empty())
+            }
+            async fn install_snapshot(&self, _vote: Vote, meta: SnapshotMeta, file: SnapshotFile) -> PeerResponse {
+                assert_eq!(meta, self::meta());
+                PeerResponse::ReadIndex(file.len())
+            }
+        }
+
+        fn meta() -> SnapshotMeta {
+            let leader = openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 1 };
+            SnapshotMeta { last_log_id: Some(LogId::new(leader, 7)), last_membership: StoredMembership::default() }
+        }
+
+        fn chunk(begin: Option<u64>, offset: u64, data: &[u8], end: Option<u128>) -> SnapshotChunk {
+            let begin = begin.map(|len| SnapshotBegin { vote: Vote::new(1, 1), meta: meta(), len });
+            SnapshotChunk { begin, offset, data: data.to_vec(), end }
+        }
+
+        fn partial_files(dir: &std::path::Path) -> usize {
+            std::fs::read_dir(dir).unwrap().count()
+        }
+
+        /// A snapshot file of the current layout around `checkpoint`.
+        fn file_bytes(checkpoint: &[u8]) -> Vec<u8> {
+            file_bytes_with(checkpoint, &meta())
+        }
+
+        fn file_bytes_with(checkpoint: &[u8], meta: &SnapshotMeta) -> Vec<u8> {
+            let meta = bincode::serialize(meta).unwrap();
+            let mut out = b"KEELSNP2".to_vec();
+            out.extend_from_slice(checkpoint);
+            out.extend_from_slice(&meta);
+            out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+            out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
+            out
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn chunks_out_of_step_are_refused_and_leave_no_file() {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("snap");
+            let h = Receiver { snaps: Snapshots::open(Arc::new(keeldb::fs::StdFs), &dir).unwrap() };
+            let bytes = file_bytes(&[5u8; 3000]);
+            let len = bytes.len() as u64;
+            let sum = xxhash_rust::xxh3::xxh3_128(&bytes);
+            let refused = |r: PeerResponse| matches!(r, PeerResponse::Error(e) if e.starts_with("snapshot refused"));
+            let mut slot = None;
+
+            // No transfer begun.
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, chunk(None, 0, &bytes[..10], None)).await));
+            // Each of these ends the transfer begun just before it, and removes its file.
+            let bad: Vec<(SnapshotChunk, &str)> = vec![
+                (chunk(None, 1100, &bytes[1100..1200], None), "a gap"),
+                (chunk(None, 500, &bytes[500..1000], None), "an overlap"),
+                (chunk(None, 1000, &vec![0u8; len as usize], None), "past the announced length"),
+                (chunk(None, 1000, &bytes[1000..2000], Some(sum)), "short"),
+                (chunk(None, 1000, &bytes[1000..], Some(sum ^ 1)), "a checksum that does not match"),
+            ];
+            for (c, what) in bad {
+                let first = chunk(Some(len), 0, &bytes[..1000], None);
+                assert!(matches!(
+                    receive_snapshot_chunk(&h, &mut slot, first).await,
+                    PeerResponse::SnapshotReceived(1000)
+                ));
+                assert_eq!(partial_files(&dir), 1);
+                assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "{what}");
+                assert!(slot.is_none() && partial_files(&dir) == 0, "{what}: the partial file is removed");
+            }
+            // Over the size limit: refused before any file is made.
+            assert!(refused(
+                receive_snapshot_chunk(&h, &mut slot, chunk(Some(MAX_SNAPSHOT_BYTES + 1), 0, &[], None)).await
+            ));
+            assert_eq!(partial_files(&dir), 0);
+            // A file whose metadata is not the announced one, with a matching checksum.
+            let mut other_meta = meta();
+            other_meta.last_log_id = other_meta.last_log_id.map(|mut l| {
+                l.index = 8;
+                l
+            });
+            let other = file_bytes_with(&[5u8; 3000], &other_meta);
+            let c = chunk(Some(other.len() as u64), 0, &other, Some(xxhash_rust::xxh3::xxh3_128(&other)));
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "metadata not as announced");
+            assert_eq!(partial_files(&dir), 0);
+            // Garbage that is not a snapshot file, with a matching checksum.
+            let junk = vec![9u8; 100];
+            let c = chunk(Some(100), 0, &junk, Some(xxhash_rust::xxh3::xxh3_128(&junk)));
+            assert!(refused(receive_snapshot_chunk(&h, &mut slot, c).await), "garbage");
+            assert_eq!(partial_files(&dir), 0);
+            // A new transfer replaces one in progress; the whole file in order is handed over.
+            let first = chunk(Some(len), 0, &bytes[..1000], None);
+            assert!(matches!(receive_snapshot_chunk(&h, &mut slot, first).await, PeerResponse::SnapshotReceived(1000)));
+            let again = chunk(Some(len), 0, &bytes[..2000], None);
+            assert!(matches!(receive_snapshot_chunk(&h, &mut slot, again).await, PeerResponse::SnapshotReceived(2000)));
+            assert_eq!(partial_files(&dir), 1, "the replaced transfer's file is gone");
+            let last = chunk(None, 2000, &bytes[2000..], Some(sum));
+            assert!(
+                matches!(receive_snapshot_chunk(&h, &mut slot, last).await, PeerResponse::ReadIndex(l) if l == len)
+            );
+            assert_eq!(partial_files(&dir), 0, "dropped after the (test) install");
+        }
+    }
 
     /// The only unit test touching the process-wide faults (the in-process cluster tests
     /// that use them are in binaries of their own).

@@ -249,6 +249,8 @@ impl Node {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_count),
             max_in_snapshot_log_to_keep: 1000,
             install_snapshot_timeout: 60_000,
+            // Snapshot files travel in chunks of this size (`network.rs`).
+            snapshot_max_chunk_size: crate::snapshot_file::IO_CHUNK as u64,
             // A leader restarted after kill -9 must not resume leadership from its persisted
             // vote: its committed id is saved lazily and its state machine is relaxed, so it
             // could serve linearizable reads from a state older than acknowledged writes
@@ -567,6 +569,22 @@ impl PeerHandler for Node {
         Box::pin(self.raft.stream_append(input).map(|r| r.map_err(|fatal| fatal.to_string())))
     }
 
+    fn snapshot_file(&self) -> std::io::Result<crate::snapshot_file::SnapshotFile> {
+        self.sm.incoming_snapshot()
+    }
+
+    async fn install_snapshot(
+        &self,
+        vote: crate::types::Vote,
+        meta: crate::types::SnapshotMeta,
+        file: crate::snapshot_file::SnapshotFile,
+    ) -> PeerResponse {
+        match self.raft.install_full_snapshot(vote, openraft::Snapshot { meta, snapshot: file }).await {
+            Ok(r) => PeerResponse::Snapshot(r),
+            Err(e) => PeerResponse::Error(e.to_string()),
+        }
+    }
+
     async fn handle(&self, _from: u64, req: PeerRequest) -> PeerResponse {
         let fatal = |e: String| PeerResponse::Error(e);
         match req {
@@ -582,13 +600,8 @@ impl PeerHandler for Node {
                 Ok(r) => PeerResponse::Vote(r),
                 Err(e) => fatal(e.to_string()),
             },
-            PeerRequest::Snapshot { vote, meta, data } => {
-                let snapshot = openraft::Snapshot { meta, snapshot: std::io::Cursor::new(data) };
-                match self.raft.install_full_snapshot(vote, snapshot).await {
-                    Ok(r) => PeerResponse::Snapshot(r),
-                    Err(e) => fatal(e.to_string()),
-                }
-            }
+            // Snapshot chunks are received per connection (`network::serve_peer`).
+            PeerRequest::SnapshotChunk(_) => PeerResponse::Error("a snapshot chunk outside a transfer".into()),
             PeerRequest::TransferLeader(r) => match self.raft.handle_transfer_leader(r).await {
                 Ok(r) => PeerResponse::TransferLeader(r),
                 Err(e) => fatal(e.to_string()),

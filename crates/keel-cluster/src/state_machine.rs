@@ -8,13 +8,15 @@
 //!   durable record; the log is purged only behind a snapshot, which is a checkpoint (durable).
 //! - A snapshot is a checkpoint stream exported from one engine snapshot; its metadata
 //!   (applied id, membership) is read from the same snapshot, so applies racing the build can
-//!   never make the metadata claim more or less than the data holds.
+//!   never make the metadata claim more or less than the data holds. It is a file
+//!   (`snapshot_file.rs`), written, read and installed through bounded buffers: no snapshot is
+//!   ever held whole in memory.
 //! - Installing a snapshot replaces the whole store atomically (old or new after a crash) and
 //!   is refused if it is older than what is applied (openraft #1130).
 
 use std::collections::VecDeque;
-use std::io::{self, Cursor};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 use etcd_client::proto::{PbCompactionRequest, PbDeleteRequest, PbPutRequest, PbTxnRequest};
@@ -28,6 +30,7 @@ use prost::Message;
 
 use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
+use crate::snapshot_file::{SnapshotFile, Snapshots};
 use crate::types::{
     ApplyError, Entry, LogId, Request, RequestKind, Response, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -86,9 +89,8 @@ pub struct Shared {
     /// `KEEL_APPLY_TRACE` set: one line per applied entry (index, term, leader, digest of the
     /// request, revision after), so members' applies can be compared after a fault run.
     trace: Option<Mutex<Trace>>,
-    dir: PathBuf,
-    /// The file system the store and the snapshot file live on.
-    fs: Arc<dyn FileSystem>,
+    /// The snapshot files (`snap`).
+    pub snaps: Snapshots,
     pub progress: Mutex<Progress>,
     /// The applied log index, for readers waiting on a read index.
     pub applied_tx: tokio::sync::watch::Sender<u64>,
@@ -142,6 +144,22 @@ impl Shared {
     /// The applied index now.
     pub fn applied_index(&self) -> u64 {
         *self.applied_tx.borrow()
+    }
+
+    /// Exports a checkpoint into a new temporary snapshot file named after `what`, with the
+    /// metadata read from the same engine snapshot.
+    pub fn export_snapshot(&self, what: &str) -> io::Result<(SnapshotMeta, SnapshotFile)> {
+        self.snaps.export(&self.db, what, |ts| {
+            let txn = self.db.begin_read_at(ts).map_err(io_err)?;
+            let applied: Option<LogId> = read_meta(&txn, APPLIED_KEY)?;
+            let membership: StoredMembership = read_meta(&txn, MEMBERSHIP_KEY)?.unwrap_or_default();
+            Ok(SnapshotMeta { last_log_id: applied, last_membership: membership })
+        })
+    }
+
+    /// A new, empty temporary file to receive a leader's snapshot into.
+    pub fn incoming_snapshot(&self) -> io::Result<SnapshotFile> {
+        self.snaps.temp("recv")
     }
 }
 
@@ -234,29 +252,21 @@ impl StateMachine {
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
-        // Durably: the snapshot file inside is what the purged log relies on after a power loss.
-        files::create_dir_durably(fs.as_ref(), &dir.join("snap"))?;
+        // Made durably: the snapshot file inside is what the purged log relies on after a power loss.
+        let snaps = Snapshots::open(Arc::clone(&fs), &dir.join("snap"))?;
         let trace = match std::env::var_os("KEEL_APPLY_TRACE") {
             Some(_) => Some(Mutex::new(Trace::open(fs.as_ref(), &dir.join("apply.trace"))?)),
             None => None,
         };
-        let sm = StateMachine {
-            shared: Arc::new(Shared {
-                db,
-                trace,
-                dir: dir.to_path_buf(),
-                fs,
-                progress: Mutex::new(progress),
-                applied_tx,
-            }),
-        };
+        let sm =
+            StateMachine { shared: Arc::new(Shared { db, trace, snaps, progress: Mutex::new(progress), applied_tx }) };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
         // bring the store up to it before Raft asks what is applied.
-        if let Some((meta, bytes)) = sm.load_snapshot()? {
+        if let Some((meta, file)) = sm.shared.snaps.current()? {
             let applied = sm.shared.progress.lock().applied;
             if meta.last_log_id > applied {
-                sm.install_bytes(&meta, &bytes)?;
+                sm.install_file(&meta, &file)?;
             }
         }
         Ok(sm)
@@ -396,11 +406,11 @@ impl StateMachine {
         ));
     }
 
-    /// Replaces the store with a checkpoint stream and reloads the progress from it.
-    fn install_bytes(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
-        let opts = InstallOptions { expected_bytes: Some(bytes.len() as u64), ..InstallOptions::default() };
-        let mut input = bytes;
-        self.shared.db.install_checkpoint_with(&mut input, opts).map_err(io_err)?;
+    /// Replaces the store with a snapshot file's checkpoint stream (read through a bounded
+    /// buffer) and reloads the progress from it.
+    fn install_file(&self, meta: &SnapshotMeta, file: &SnapshotFile) -> io::Result<()> {
+        let opts = InstallOptions { expected_bytes: Some(file.checkpoint().len()), ..InstallOptions::default() };
+        self.shared.db.install_checkpoint_with(&mut file.checkpoint_reader(), opts).map_err(io_err)?;
         let txn = self.shared.db.begin_read().map_err(io_err)?;
         let progress = progress_of(&txn)?;
         if progress.applied != meta.last_log_id {
@@ -415,41 +425,13 @@ impl StateMachine {
         Ok(())
     }
 
-    fn snapshot_path(&self) -> PathBuf {
-        self.shared.dir.join("snap").join("current")
-    }
-
-    /// Exports a checkpoint, reads the metadata from the same engine snapshot, and stores it
-    /// as the current snapshot file (written to a temporary name, synced, renamed).
-    fn build(&self) -> io::Result<(SnapshotMeta, Vec<u8>)> {
-        let mut bytes = Vec::new();
-        let info = self.shared.db.export_checkpoint(&mut bytes).map_err(io_err)?;
-        let txn = self.shared.db.begin_read_at(info.ts).map_err(io_err)?;
-        let applied: Option<LogId> = read_meta(&txn, APPLIED_KEY)?;
-        let membership: StoredMembership = read_meta(&txn, MEMBERSHIP_KEY)?.unwrap_or_default();
-        let meta = SnapshotMeta { last_log_id: applied, last_membership: membership };
-        self.store_snapshot(&meta, &bytes)?;
-        Ok((meta, bytes))
-    }
-
-    fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
-        let path = self.snapshot_path();
-        let meta_bytes = bincode::serialize(meta).map_err(io_err)?;
-        let mut file = Vec::with_capacity(8 + meta_bytes.len() + bytes.len());
-        file.extend_from_slice(&(meta_bytes.len() as u64).to_le_bytes());
-        file.extend_from_slice(&meta_bytes);
-        file.extend_from_slice(bytes);
-        files::write_durably(self.shared.fs.as_ref(), &path, &file)
-    }
-
-    fn load_snapshot(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
-        let Some(bytes) = files::read(self.shared.fs.as_ref(), &self.snapshot_path())? else { return Ok(None) };
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, "snapshot file: truncated");
-        let len_bytes: [u8; 8] = bytes.get(..8).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
-        let len = usize::try_from(u64::from_le_bytes(len_bytes)).map_err(|_| bad())?;
-        let meta_bytes = bytes.get(8..8usize.saturating_add(len)).ok_or_else(bad)?;
-        let meta: SnapshotMeta = bincode::deserialize(meta_bytes).map_err(io_err)?;
-        Ok(Some((meta, bytes.get(8 + len..).unwrap_or_default().to_vec())))
+    /// Exports a checkpoint into a snapshot file (metadata from the same engine snapshot)
+    /// and makes it `current` (synced, renamed, directory synced) unless a newer one already
+    /// is (an install that finished meanwhile).
+    fn build(&self) -> io::Result<(SnapshotMeta, SnapshotFile)> {
+        let (meta, mut file) = self.shared.export_snapshot("build")?;
+        self.shared.snaps.promote(&mut file, &meta)?;
+        Ok((meta, file))
     }
 }
 
@@ -518,17 +500,17 @@ fn set_txn_revision(resp: &mut etcd_client::proto::PbTxnResponse, revision: i64)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotFile;
 
-    async fn build_snapshot(&mut self) -> io::Result<openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>> {
+    async fn build_snapshot(&mut self) -> io::Result<openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>> {
         let me = self.clone();
-        let (meta, bytes) = tokio::task::spawn_blocking(move || me.build()).await.map_err(io_err)??;
-        Ok(openraft::Snapshot { meta, snapshot: Cursor::new(bytes) })
+        let (meta, snapshot) = tokio::task::spawn_blocking(move || me.build()).await.map_err(io_err)??;
+        Ok(openraft::Snapshot { meta, snapshot })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotFile;
     type SnapshotBuilder = StateMachine;
 
     async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
@@ -567,7 +549,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Cursor<Vec<u8>>) -> io::Result<()> {
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotFile) -> io::Result<()> {
         let applied = self.shared.progress.lock().applied;
         if meta.last_log_id.is_some() && meta.last_log_id <= applied {
             // Never go back: a stale snapshot must not overwrite newer state (openraft #1130).
@@ -576,11 +558,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let me = self.clone();
         let meta2 = meta.clone();
         tokio::task::spawn_blocking(move || -> io::Result<()> {
-            let bytes = snapshot.into_inner();
-            // Snapshot file first: once it is durable, a crash during the install below is
-            // finished at the next open (see `open`).
-            me.store_snapshot(&meta2, &bytes)?;
-            me.install_bytes(&meta2, &bytes)
+            let mut file = snapshot;
+            // Snapshot file first: once it is durable as `current`, a crash during the install
+            // below is finished at the next open (see `open`). `current` cannot be newer than
+            // this snapshot (it never is newer than what is applied once `open` returned), so
+            // the promotion happens; were it refused, `current` would cover this install.
+            me.shared.snaps.promote(&mut file, &meta2)?;
+            me.install_file(&meta2, &file)
         })
         .await
         .map_err(io_err)?
@@ -588,10 +572,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(
         &mut self,
-    ) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>>> {
+    ) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>>> {
         let me = self.clone();
-        let loaded = tokio::task::spawn_blocking(move || me.load_snapshot()).await.map_err(io_err)??;
-        Ok(loaded.map(|(meta, bytes)| openraft::Snapshot { meta, snapshot: Cursor::new(bytes) }))
+        let current = tokio::task::spawn_blocking(move || me.shared.snaps.current()).await.map_err(io_err)??;
+        Ok(current.map(|(meta, snapshot)| openraft::Snapshot { meta, snapshot }))
     }
 }
 

@@ -66,6 +66,17 @@ impl PeerHandler for Follower {
     async fn handle(&self, _from: u64, _req: PeerRequest) -> PeerResponse {
         PeerResponse::Error("scripted follower: appends only".into())
     }
+    fn snapshot_file(&self) -> std::io::Result<keel_cluster::snapshot_file::SnapshotFile> {
+        Err(std::io::Error::other("scripted follower: appends only"))
+    }
+    async fn install_snapshot(
+        &self,
+        _vote: keel_cluster::types::Vote,
+        _meta: keel_cluster::types::SnapshotMeta,
+        _file: keel_cluster::snapshot_file::SnapshotFile,
+    ) -> PeerResponse {
+        PeerResponse::Error("scripted follower: appends only".into())
+    }
 
     fn discover(&self, _peer_urls: &[String]) -> Discovered {
         Discovered::Unknown(String::new())
