@@ -24,31 +24,11 @@ fn config(dir: &Path, ip: &str, names: &[&str], i: usize) -> ServeConfig {
 }
 
 async fn start_retrying(cfg: ServeConfig) -> Server {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match Server::start(cfg.clone()).await {
-            Ok(s) => return s,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("retrying start: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("member did not start: {e}"),
-        }
-    }
+    common::start_retrying(cfg, 30).await
 }
 
 async fn wait_leader(servers: &[Option<Server>]) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let leaders: Vec<Option<u64>> = servers.iter().flatten().map(|s| s.node.leader()).collect();
-        if let Some(Some(l)) = leaders.first() {
-            if leaders.iter().all(|x| *x == Some(*l)) && servers.iter().flatten().any(|s| s.node.id == *l) {
-                return *l;
-            }
-        }
-        assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_leader(servers, 30).await
 }
 
 /// Polls `check` every 50 ms until it holds or `secs` pass.

@@ -5,9 +5,9 @@
 pub mod history;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use keel_cluster::ServeConfig;
+use keel_cluster::{ServeConfig, Server};
 
 /// A loopback address of one test's own (127.x.y.z, distinct per `first_octet` and process), so
 /// fixed ports never collide with other tests or a running etcd.
@@ -47,5 +47,36 @@ pub fn member_config(
         snapshot_count: 50,
         max_request_bytes: 64 * 1024,
         ..ServeConfig::default()
+    }
+}
+
+/// Starts a member, retrying for `secs` (a stopped member's stores may still be closing, their
+/// lock held).
+pub async fn start_retrying(cfg: ServeConfig, secs: u64) -> Server {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match Server::start(cfg.clone()).await {
+            Ok(s) => return s,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("retrying start: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("member did not start: {e}"),
+        }
+    }
+}
+
+/// Waits up to `secs` for every running member to name the same leader, one of them.
+pub async fn wait_leader(servers: &[Option<Server>], secs: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let leaders: Vec<Option<u64>> = servers.iter().flatten().map(|s| s.node.leader()).collect();
+        if let Some(Some(l)) = leaders.first() {
+            if leaders.iter().all(|x| *x == Some(*l)) && servers.iter().flatten().any(|s| s.node.id == *l) {
+                return *l;
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
