@@ -64,7 +64,7 @@ impl Api {
 
     async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>) -> Result<T, Status> {
         self.check_size(body.len())?;
-        match self.node.write(Request { kind, body }).await.map_err(node_status)? {
+        match self.node.write(Request::new(kind, body)).await.map_err(node_status)? {
             Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
             Response::Err(e) => Err(apply_status(e)),
         }

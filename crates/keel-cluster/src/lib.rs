@@ -130,7 +130,7 @@ async fn publish_attributes(node: Arc<Node>, done: tokio::sync::watch::Sender<bo
             done.send_replace(true);
             return;
         }
-        let req = types::Request { kind: types::RequestKind::Publish, body: body.clone() };
+        let req = types::Request::new(types::RequestKind::Publish, body.clone());
         tokio::select! {
             r = node.write(req) => if let Ok(types::Response::Ok(_)) = r {
                 done.send_replace(true);

@@ -591,7 +591,7 @@ mod tests {
 
     fn entry(index: u64, kind: RequestKind, body: Vec<u8>) -> Entry {
         let leader = openraft::alias::CommittedLeaderIdOf::<TypeConfig>::new(1, 1);
-        Entry::new_normal(LogId::new(leader, index), Request { kind, body })
+        Entry::new_normal(LogId::new(leader, index), Request::new(kind, body))
     }
 
     fn put(k: &str, v: &str) -> PbPutRequest {

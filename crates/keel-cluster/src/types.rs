@@ -70,6 +70,14 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
+impl Request {
+    /// A request of `kind` with its protobuf body. (Every request is built here, so that fields
+    /// added later, such as who sent it, get one default.)
+    pub fn new(kind: RequestKind, body: Vec<u8>) -> Request {
+        Request { kind, body }
+    }
+}
+
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}({} bytes)", self.kind, self.body.len())

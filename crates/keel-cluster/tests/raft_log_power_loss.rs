@@ -27,7 +27,7 @@ fn entry(rng: &mut SimRng, term: u64, index: u64) -> Entry {
     // Sizes from a few bytes to several sectors, so crashes tear entries in the middle.
     let len = rng.range(1, 3000) as usize;
     let body: Vec<u8> = (0..len).map(|i| (index as usize * 31 + i) as u8).collect();
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(Request { kind: RequestKind::Put, body }) }
+    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(Request::new(RequestKind::Put, body)) }
 }
 
 /// Submits an append; `None` if the store refused it at once (its writer stopped after an
