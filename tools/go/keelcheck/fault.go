@@ -33,27 +33,31 @@ func (s *stringList) String() string     { return strings.Join(*s, " ") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 type faultConfig struct {
-	serverBin     string
-	nodes         int
-	rounds        int
-	roundSecs     float64
-	clients       int
-	keys          int
-	workdir       string
-	basePort      int
-	seed          int64
-	faults        []string
-	serverArgs    stringList
-	preArgs       stringList
-	opTimeout     time.Duration
-	downTime      time.Duration
-	recover       time.Duration
-	checkTimeout  time.Duration
-	restartState  string
-	injectBug     string
-	maxOps        int
-	netns         bool
-	partitionTime time.Duration
+	serverBin         string
+	nodes             int
+	rounds            int
+	roundSecs         float64
+	clients           int
+	keys              int
+	workdir           string
+	basePort          int
+	seed              int64
+	faults            []string
+	serverArgs        stringList
+	preArgs           stringList
+	opTimeout         time.Duration
+	downTime          time.Duration
+	recover           time.Duration
+	checkTimeout      time.Duration
+	restartState      string
+	injectBug         string
+	maxOps            int
+	netns             bool
+	partitionTime     time.Duration
+	workload          string
+	watchers          int
+	mutexTTL          int
+	mutexAllowExpired bool
 }
 
 var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
@@ -65,6 +69,9 @@ type recorder struct {
 	clientID atomic.Int64
 	ok       atomic.Int64
 	unknown  atomic.Int64
+	// writes, when set, hears of every write attempted and of its revision once acknowledged
+	// (revision 0: not acknowledged); the watch check compares events with them.
+	writes *writeLog
 }
 
 // serializableGets (--inject-bug serializable) makes the workload's reads serializable: a
@@ -95,7 +102,12 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 	var err error
 	switch in.Kind {
 	case opPut:
-		_, err = cli.Put(ctx, in.Key, in.Value)
+		r.writes.attempt(in.Value)
+		var resp *clientv3.PutResponse
+		resp, err = cli.Put(ctx, in.Key, in.Value)
+		if err == nil {
+			r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+		}
 	case opGet:
 		var resp *clientv3.GetResponse
 		if serializable {
@@ -107,6 +119,7 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 			out.Found, out.Value = true, string(resp.Kvs[0].Value)
 		}
 	case opCAS:
+		r.writes.attempt(in.Value)
 		var resp *clientv3.TxnResponse
 		resp, err = cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
@@ -115,6 +128,9 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 			Commit()
 		if err == nil {
 			out.Succeeded = resp.Succeeded
+			if resp.Succeeded {
+				r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+			}
 			if !resp.Succeeded {
 				if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
 					err = fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
@@ -159,8 +175,16 @@ func runFault(args []string) int {
 	fs.DurationVar(&cfg.checkTimeout, "check-timeout", 5*time.Minute, "total time limit of the linearizability check")
 	fs.StringVar(&cfg.restartState, "restart-cluster-state", "", "--initial-cluster-state on restarts (default: the same flags as the first start, i.e. new)")
 	fs.IntVar(&cfg.maxOps, "max-ops-per-client-round", 100000, "upper bound of operations per client per round")
-	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose")
+	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose; with --watchers, 'watch-drop' and 'watch-dup' drop or repeat one event watcher 0 received; with --workload mutex, 'mutex-skip' makes client 0 enter every tenth section without the lock")
+	fs.StringVar(&cfg.workload, "workload", "kv", "kv: put/get/cas checked by porcupine (and by watchers with --watchers); mutex: clientv3 concurrency.Mutex from --clients sessions, checked for two holders at once")
+	fs.IntVar(&cfg.watchers, "watchers", 0, "kv workload: watchers of every key from revision 1, on different members, whose events are checked against the acknowledged writes (exactly once, in revision order, none missing)")
+	fs.IntVar(&cfg.mutexTTL, "mutex-ttl", 10, "mutex workload: session lease TTL in seconds")
+	fs.BoolVar(&cfg.mutexAllowExpired, "mutex-allow-expired", false, "mutex workload: do not fail when a session's lease ends while its holder is inside")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.workload != "kv" && cfg.workload != "mutex" {
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --workload is kv or mutex")
 		return 2
 	}
 	if cfg.serverBin == "" || cfg.workdir == "" || cfg.nodes < 1 || cfg.rounds < 0 || cfg.clients < 1 || cfg.keys < 1 || cfg.roundSecs <= 0 {
@@ -185,11 +209,11 @@ func runFault(args []string) int {
 		cfg.faults = append(cfg.faults, f)
 	}
 	switch cfg.injectBug {
-	case "", "read", "lost":
+	case "", "read", "lost", "watch-drop", "watch-dup", "mutex-skip":
 	case "serializable":
 		serializableGets = true
 	default:
-		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost or serializable")
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost, serializable, watch-drop, watch-dup or mutex-skip")
 		return 2
 	}
 	if cfg.netns {
@@ -302,12 +326,22 @@ func faultMain(cfg faultConfig, c *cluster) int {
 		return 3
 	}
 	fmt.Printf("keelcheck: cluster up with a leader in %.1fs\n", time.Since(t0).Seconds())
+	if cfg.workload == "mutex" {
+		return mutexMain(cfg, c, rng)
+	}
 
 	keys := make([]string, cfg.keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("keelcheck/k%03d", i)
 	}
 	rec := &recorder{start: time.Now()}
+	var watchers []*watchChecker
+	watchCtx, stopWatchers := context.WithCancel(ctx)
+	defer stopWatchers()
+	if cfg.watchers > 0 {
+		rec.writes = newWriteLog()
+		watchers = startWatchers(watchCtx, cfg.watchers, c.endpoints(), "keelcheck/")
+	}
 	var valueSeq atomic.Int64
 	clis := make([]*clientv3.Client, cfg.clients)
 	for i := range clis {
@@ -433,6 +467,25 @@ func faultMain(cfg faultConfig, c *cluster) int {
 			}
 		}
 	}
+	watchAnomalies, watchEvents, watchGaps := 0, 0, 0
+	if len(watchers) > 0 {
+		finalRev := int64(-1)
+		if recovered {
+			for attempt := 0; attempt < 10 && finalRev < 0; attempt++ {
+				wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := clis[0].Get(wctx, keys[0])
+				cancel()
+				if err == nil {
+					finalRev = resp.Header.Revision
+				}
+			}
+		}
+		waitCaughtUp(watchers, finalRev, 30*time.Second)
+		stopWatchers()
+		injectWatchBug(cfg.injectBug, watchers[0])
+		watchAnomalies, watchEvents, watchGaps = checkWatchers(watchers, rec.writes, finalRev, finals)
+		fmt.Printf("keelcheck: watchers=%d watch-events=%d watch-gaps=%d watch-anomalies=%d\n", len(watchers), watchEvents, watchGaps, watchAnomalies)
+	}
 	for _, cli := range clis {
 		cli.Close()
 	}
@@ -459,7 +512,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), cfg.seed,
 		yesNo(recovered), map[bool]string{true: "incomplete", false: "complete"}[undecided > 0])
 	switch {
-	case violations > 0 || len(lost) > 0:
+	case violations > 0 || len(lost) > 0 || watchAnomalies > 0:
 		return 1
 	case !recovered:
 		return 3
