@@ -53,6 +53,13 @@ pub struct ServeCommand {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
+    /// `periodic` (retention is a duration such as 30m or 1h, or a number of hours) or
+    /// `revision` (retention is a number of revisions to keep).
+    #[arg(long, default_value = "periodic")]
+    auto_compaction_mode: String,
+    /// History to keep before the leader compacts automatically; 0 never compacts.
+    #[arg(long, default_value = "0")]
+    auto_compaction_retention: String,
     /// Path to the client server TLS cert file (PEM); used by https client URLs.
     #[arg(long)]
     cert_file: Option<PathBuf>,
@@ -97,7 +104,11 @@ impl ServeCommand {
             Some(text) => parse_initial_cluster(text).map_err(Failure::usage)?,
             None => [(self.name.clone(), self.initial_advertise_peer_urls.clone())].into_iter().collect(),
         };
+        let auto_compaction =
+            keel_cluster::compactor::AutoCompaction::parse(&self.auto_compaction_mode, &self.auto_compaction_retention)
+                .map_err(Failure::usage)?;
         let config = ServeConfig {
+            auto_compaction,
             data_dir: self.data_dir.unwrap_or_else(|| PathBuf::from(format!("{}.keel", self.name))),
             listen_client_urls: self.listen_client_urls,
             advertise_client_urls: self.advertise_client_urls,
@@ -124,6 +135,7 @@ impl ServeCommand {
             },
             name: self.name,
             fs: ServeConfig::default().fs,
+            auto_compaction_interval: None,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)
@@ -250,6 +262,16 @@ pub fn snapshot_restore(cmd: RestoreCommand) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// Bytes as etcdctl prints sizes (`12 kB`, `3.4 MB`).
+fn human_bytes(n: u64) -> String {
+    match n {
+        0..=999 => format!("{n} B"),
+        1_000..=999_999 => format!("{:.1} kB", n as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} MB", n as f64 / 1e6),
+        _ => format!("{:.1} GB", n as f64 / 1e9),
+    }
+}
+
 fn parse_id(text: &str) -> Result<u64, Failure> {
     u64::from_str_radix(text.trim_start_matches("0x"), 16)
         .map_err(|_| Failure::usage(anyhow::anyhow!("{text:?} is not a hex member id")))
@@ -295,8 +317,8 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
             ClusterAction::Status => {
                 let members = client.member_list().await.map_err(Failure::runtime)?;
                 println!(
-                    "{:<16}  {:<12}  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}  client URLs",
-                    "id", "name", "role", "term", "raft index", "applied", "revision"
+                    "{:<16}  {:<12}  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}  client URLs",
+                    "id", "name", "role", "term", "raft index", "applied", "revision", "compacted", "history"
                 );
                 for m in members.members() {
                     let mut row = format!("{:<16x}  {:<12}", m.id(), m.name());
@@ -324,8 +346,24 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
                                 s.raft_applied_index(),
                                 s.header().map_or(0, |h| h.revision())
                             );
+                            let url = m.client_urls().first().cloned().unwrap_or_default();
+                            row += &match keel_cluster::status_client::history_status(
+                                &url,
+                                tls.cloned(),
+                                Duration::from_secs(3),
+                            )
+                            .await
+                            {
+                                Ok(h) => format!("  {:>10}  {:>10}", h.compact_revision, human_bytes(h.bytes)),
+                                Err(_) => format!("  {:>10}  {:>10}", "-", "-"),
+                            };
                         }
-                        None => row += &format!("  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}", "down", "-", "-", "-", "-"),
+                        None => {
+                            row += &format!(
+                                "  {:<8}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+                                "down", "-", "-", "-", "-", "-", "-"
+                            )
+                        }
                     }
                     println!("{row}  {}", m.client_urls().join(","));
                 }

@@ -150,6 +150,10 @@ pub struct ServeConfig {
     /// or an embedding program gives another (the in-process cluster tests give each member a
     /// simulated disk from `keel-testkit`). No flag sets it.
     pub fs: Arc<dyn FileSystem>,
+    /// `--auto-compaction-mode` and `--auto-compaction-retention` (off by default, as etcd).
+    pub auto_compaction: crate::compactor::AutoCompaction,
+    /// How often the compactor looks, instead of the mode's own interval (tests; no flag).
+    pub auto_compaction_interval: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -173,6 +177,8 @@ impl Default for ServeConfig {
             client_tls: TlsFiles::default(),
             peer_tls: TlsFiles::default(),
             fs: Arc::new(StdFs),
+            auto_compaction: crate::compactor::AutoCompaction::Off,
+            auto_compaction_interval: None,
             name,
         }
     }

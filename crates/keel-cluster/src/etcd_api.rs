@@ -14,6 +14,13 @@ use crate::network::AdminRequest;
 use crate::node::{Node, NodeError};
 use crate::types::{ApplyError, Member, Request, RequestKind, Response};
 
+/// `Status` response metadata: bytes of history (the change feed) held in memory.
+pub const HISTORY_BYTES: &str = "keel-history-bytes";
+/// `Status` response metadata: changes held by the change feed.
+pub const HISTORY_CHANGES: &str = "keel-history-changes";
+/// `Status` response metadata: the compacted revision.
+pub const COMPACT_REVISION: &str = "keel-compact-revision";
+
 /// etcd's version string, reported by `Status` (clients check it).
 pub const ETCD_VERSION: &str = "3.6.0";
 
@@ -295,7 +302,7 @@ impl PbMaintenanceService for Api {
             errors.push("etcdserver: no leader".to_string());
         }
         let db_size = (stats.wal_bytes + stats.checkpoint_bytes) as i64;
-        Ok(GrpcResponse::new(PbStatusResponse {
+        let mut resp = GrpcResponse::new(PbStatusResponse {
             header: Some(self.header(revision)),
             version: ETCD_VERSION.into(),
             db_size,
@@ -307,7 +314,15 @@ impl PbMaintenanceService for Api {
             db_size_in_use: db_size,
             is_learner,
             ..Default::default()
-        }))
+        });
+        // What history costs this member, for `keel cluster status` (etcd clients ignore
+        // metadata they do not know).
+        let compacted = self.node.sm.progress.lock().compact_revision;
+        let md = resp.metadata_mut();
+        md.insert(HISTORY_BYTES, stats.history_bytes.into());
+        md.insert(HISTORY_CHANGES, stats.history_changes.into());
+        md.insert(COMPACT_REVISION, compacted.into());
+        Ok(resp)
     }
 
     async fn defragment(

@@ -5,6 +5,7 @@
 //! See `docs/design/replication.md` for the failure cases and `docs/CLUSTER.md` for operation.
 
 pub mod backup;
+pub mod compactor;
 pub mod config;
 pub mod etcd_api;
 pub mod files;
@@ -14,6 +15,7 @@ pub mod network;
 pub mod node;
 pub mod snapshot_file;
 pub mod state_machine;
+pub mod status_client;
 pub mod tls;
 pub mod types;
 
@@ -101,6 +103,11 @@ impl Server {
             }));
         }
         tasks.push(tokio::spawn(publish_attributes(Arc::clone(&node), published_tx)));
+        tasks.push(tokio::spawn(compactor::run(
+            Arc::clone(&node),
+            node.config.auto_compaction,
+            node.config.auto_compaction_interval,
+        )));
         Ok(Server { node, client_addrs, tasks })
     }
 
