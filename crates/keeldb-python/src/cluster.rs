@@ -45,7 +45,7 @@ use crate::errors::new_error;
 // Arguments
 
 /// A key or value argument: `bytes`, `bytearray` or `str` (encoded as UTF-8).
-pub struct Blob(Vec<u8>);
+pub struct Blob(pub(crate) Vec<u8>);
 
 impl<'py> FromPyObject<'py> for Blob {
     fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
@@ -192,13 +192,13 @@ fn delete_options(prefix: bool, range_end: Option<Vec<u8>>) -> PyResult<DeleteOp
 
 /// One key's state as etcd reports it.
 #[derive(Clone, Debug, PartialEq)]
-struct Kv {
-    key: Vec<u8>,
-    value: Vec<u8>,
-    create_revision: i64,
-    mod_revision: i64,
-    version: i64,
-    lease: i64,
+pub(crate) struct Kv {
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) create_revision: i64,
+    pub(crate) mod_revision: i64,
+    pub(crate) version: i64,
+    pub(crate) lease: i64,
 }
 
 impl From<PbKeyValue> for Kv {
@@ -379,7 +379,7 @@ struct TxnOutcome {
     responses: Vec<OpResult>,
 }
 
-fn kv_object(py: Python<'_>, kv: Kv) -> PyResult<PyObject> {
+pub(crate) fn kv_object(py: Python<'_>, kv: Kv) -> PyResult<PyObject> {
     Ok(Py::new(py, KeyValue { kv })?.into_any())
 }
 
@@ -668,16 +668,16 @@ impl Op {
 /// An error to raise: a class of `keeldb._errors` and its message.
 #[derive(Debug)]
 pub struct Raise {
-    class: &'static str,
-    message: String,
+    pub(crate) class: &'static str,
+    pub(crate) message: String,
 }
 
 impl Raise {
-    fn new(class: &'static str, message: impl Into<String>) -> Raise {
+    pub(crate) fn new(class: &'static str, message: impl Into<String>) -> Raise {
         Raise { class, message: message.into() }
     }
 
-    fn into_py(self, py: Python<'_>) -> PyErr {
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyErr {
         new_error(py, self.class, self.message)
     }
 }
@@ -688,13 +688,13 @@ fn malformed(what: String) -> Raise {
 
 /// Whether a request changes state (and so must not be resent when it may have been applied).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
+pub(crate) enum Mode {
     Read,
     Write,
 }
 
 /// What to do about a failed attempt.
-enum Verdict {
+pub(crate) enum Verdict {
     /// Not applied (or harmless to repeat): try the next endpoint.
     Retry(String),
     /// Raise this.
@@ -757,6 +757,7 @@ fn classify_status(status: &tonic::Status, mode: Mode) -> Verdict {
         };
     }
     let class = match code {
+        Code::NotFound if message.contains("lease not found") => "LeaseNotFound",
         Code::OutOfRange if message.contains("compacted") => "Compacted",
         Code::OutOfRange if message.contains("future revision") => "FutureRevision",
         Code::OutOfRange | Code::InvalidArgument | Code::ResourceExhausted => "InvalidRequest",
@@ -765,12 +766,16 @@ fn classify_status(status: &tonic::Status, mode: Mode) -> Verdict {
     Verdict::Raise(Raise::new(class, text))
 }
 
-fn classify(e: etcd_client::Error, mode: Mode) -> Verdict {
+pub(crate) fn classify(e: etcd_client::Error, mode: Mode) -> Verdict {
     match e {
         etcd_client::Error::GRpcStatus(status) => classify_status(&status, mode),
         // Raised while setting up a channel, before anything is sent.
         etcd_client::Error::TransportError(e) => Verdict::Retry(format!("transport error: {e}")),
         etcd_client::Error::InvalidArgs(m) => Verdict::Raise(Raise::new("InvalidRequest", m)),
+        // Opening a keep-alive stream refreshes once and reports a lease that is gone this way.
+        etcd_client::Error::LeaseKeepAliveError(m) if m.contains("not found") => {
+            Verdict::Raise(Raise::new("LeaseNotFound", format!("requested lease not found ({m})")))
+        }
         other => Verdict::Raise(Raise::new("ClusterError", other.to_string())),
     }
 }
@@ -783,12 +788,12 @@ fn seconds(d: Duration) -> String {
 // The client
 
 /// A live client: its runtime and one etcd client per endpoint.
-struct Inner {
-    runtime: Runtime,
-    endpoints: Vec<(String, etcd_client::Client)>,
+pub(crate) struct Inner {
+    pub(crate) runtime: Runtime,
+    pub(crate) endpoints: Vec<(String, etcd_client::Client)>,
     /// The endpoint to try first: the one that answered last.
     preferred: AtomicUsize,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
@@ -798,7 +803,7 @@ impl Inner {
     /// Runs `f` against the endpoints (preferred first, then in turn, backing off after each
     /// full round) until it succeeds, fails for good, or the client's timeout passes. Returns
     /// the value and the endpoint that answered.
-    async fn call<T, F, Fut>(&self, mode: Mode, what: &str, f: F) -> Result<(T, &str), Raise>
+    pub(crate) async fn call<T, F, Fut>(&self, mode: Mode, what: &str, f: F) -> Result<(T, &str), Raise>
     where
         F: Fn(etcd_client::Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -937,12 +942,12 @@ pub struct Client {
 }
 
 impl Client {
-    fn inner(&self, py: Python<'_>) -> PyResult<Arc<Inner>> {
+    pub(crate) fn inner(&self, py: Python<'_>) -> PyResult<Arc<Inner>> {
         self.inner.read().clone().ok_or_else(|| new_error(py, "ClosedError", "the client was closed".into()))
     }
 
     /// Runs one call with retries, the GIL released.
-    fn run<T, F, Fut>(&self, py: Python<'_>, mode: Mode, what: &str, f: F) -> PyResult<(T, String)>
+    pub(crate) fn run<T, F, Fut>(&self, py: Python<'_>, mode: Mode, what: &str, f: F) -> PyResult<(T, String)>
     where
         T: Send,
         F: Fn(etcd_client::Client) -> Fut + Send,
@@ -985,11 +990,15 @@ impl Client {
     /// returns `(revision, previous KeyValue or None)`.
     ///
     /// Raises `Timeout` when the outcome is unknown (the request may have been applied).
-    #[pyo3(signature = (key, value, *, prev_kv = false))]
-    fn put(&self, py: Python<'_>, key: Blob, value: Blob, prev_kv: bool) -> PyResult<PyObject> {
+    ///
+    /// `lease`: attach the key to this lease id (`Lease.id`); the key is deleted when the
+    /// lease ends. Raises `LeaseNotFound` (and writes nothing) for an unknown lease.
+    #[pyo3(signature = (key, value, *, prev_kv = false, lease = 0))]
+    fn put(&self, py: Python<'_>, key: Blob, value: Blob, prev_kv: bool, lease: i64) -> PyResult<PyObject> {
         let (resp, _) = self.run(py, Mode::Write, "put", |mut c| {
             let (key, value) = (key.0.clone(), value.0.clone());
             let options = if prev_kv { PutOptions::new().with_prev_key() } else { PutOptions::new() };
+            let options = if lease != 0 { options.with_lease(lease) } else { options };
             async move { c.put(key, value, Some(options)).await }
         })?;
         let resp = resp.0;
@@ -1191,5 +1200,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TxnResult>()?;
     m.add_class::<Compare>()?;
     m.add_class::<Op>()?;
+    crate::coord::register(m)?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! network round trip of the cluster client.
 
 mod cluster;
+mod coord;
 mod db;
 mod errors;
 mod graph;

@@ -29,6 +29,11 @@ def test_stub_classes_match_the_native_classes():
         "TxnResult",
         "Compare",
         "Op",
+        "Lease",
+        "LeaseInfo",
+        "Watch",
+        "WatchEvent",
+        "Lock",
     }
     for name, methods in stub.items():
         cls = getattr(keeldb, name)

@@ -25,11 +25,18 @@ See docs/GUARANTEES.md for what each durability mode promises.
                        failure=[keeldb.Op.get("config/mode")])
         print(r.succeeded, r.revision, r.responses)
         client.delete("config/", prefix=True)              # number of keys deleted
+        with client.lease(10) as lease:                    # kept alive in the background, revoked at the end
+            client.put("service/me", "10.0.0.7", lease=lease.id)
+        with client.watch("config/", prefix=True, start_revision=rev) as events:
+            for event in events:                           # WatchEvent: kind, key, value, revision, prev_kv
+                break
+        with client.lock("jobs/nightly"):                  # etcd's lock recipe (etcdctl lock, concurrency.Mutex)
+            ...
 
 Any member serves writes (they are forwarded to the leader). Requests that certainly were not
 applied are retried on the other endpoints until the timeout; failures raise
 ``keeldb.ClusterError`` subclasses: ``Unavailable``, ``Timeout`` (a write's outcome is unknown),
-``Compacted``, ``FutureRevision``, ``InvalidRequest``.
+``Compacted``, ``FutureRevision``, ``InvalidRequest``, ``LeaseNotFound``.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from ._errors import (
     InvalidArgumentError,
     InvalidRequest,
     IoError,
+    LeaseNotFound,
     LimitError,
     LockedError,
     NotAStoreError,
@@ -64,6 +72,9 @@ from ._keeldb import (
     Database,
     Edge,
     KeyValue,
+    Lease,
+    LeaseInfo,
+    Lock,
     Member,
     MemberStatus,
     Node,
@@ -71,6 +82,8 @@ from ._keeldb import (
     ReadTransaction,
     TxnResult,
     VerifyReport,
+    Watch,
+    WatchEvent,
     WriteTransaction,
     __version__,
     connect,
@@ -96,7 +109,11 @@ __all__ = [
     "InvalidRequest",
     "IoError",
     "KeyValue",
+    "Lease",
+    "LeaseInfo",
+    "LeaseNotFound",
     "LimitError",
+    "Lock",
     "LockedError",
     "Member",
     "MemberStatus",
@@ -113,6 +130,8 @@ __all__ = [
     "Unavailable",
     "UnsupportedVersionError",
     "VerifyReport",
+    "Watch",
+    "WatchEvent",
     "WriteTransaction",
     "__version__",
     "connect",

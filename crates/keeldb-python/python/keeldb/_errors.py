@@ -28,6 +28,7 @@ __all__ = [
     "Compacted",
     "FutureRevision",
     "InvalidRequest",
+    "LeaseNotFound",
 ]
 
 
@@ -115,6 +116,10 @@ class Timeout(ClusterError, TimeoutError):
 
 class Compacted(ClusterError):
     """The requested revision has been compacted away."""
+
+
+class LeaseNotFound(ClusterError, LookupError):
+    """The lease does not exist: it was never granted, expired, or was revoked."""
 
 
 class FutureRevision(ClusterError):
