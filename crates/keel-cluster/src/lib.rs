@@ -8,6 +8,7 @@ pub mod backup;
 pub mod config;
 pub mod etcd_api;
 pub mod files;
+pub mod lease;
 pub mod log_store;
 pub mod mvcc;
 pub mod network;
