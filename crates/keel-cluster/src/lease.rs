@@ -358,12 +358,16 @@ fn deadline(from: Instant, ttl: i64) -> Instant {
 pub async fn run(node: Arc<Node>) {
     let tick = node.config.heartbeat_interval.clamp(Duration::from_millis(20), Duration::from_millis(500));
     let per_tick = ((REVOKES_PER_SEC * tick.as_millis() as u64) / 1000).max(1) as usize;
-    let mut metrics = node.raft.metrics();
+    // Server metrics change with state, vote and leader only (not with every applied entry),
+    // so a busy member does not wake this loop per write.
+    let mut metrics = node.raft.server_metrics();
+    let mut next_scan = Instant::now();
     loop {
-        let (leading, term) = {
+        let leading = {
             let m = metrics.borrow_watched();
-            (m.state == ServerState::Leader && m.current_leader == Some(node.id), m.current_term)
+            m.state == ServerState::Leader && m.current_leader == Some(node.id)
         };
+        let term = node.term();
         let lessor = &node.sm.lessor;
         match (leading, lessor.promoted_in()) {
             (true, Some(t)) if t == term => {}
@@ -383,7 +387,14 @@ pub async fn run(node: Arc<Node>) {
             (false, Some(_)) => lessor.demote(),
             (false, None) => {}
         }
-        for id in lessor.expired(per_tick) {
+        let now = Instant::now();
+        let due = if now >= next_scan {
+            next_scan = now + tick;
+            lessor.expired(per_tick)
+        } else {
+            Vec::new()
+        };
+        for id in due {
             let node = Arc::clone(&node);
             tokio::spawn(async move {
                 let body = PbLeaseRevokeRequest { id }.encode_to_vec();
@@ -392,7 +403,7 @@ pub async fn run(node: Arc<Node>) {
             });
         }
         tokio::select! {
-            _ = tokio::time::sleep(tick) => {}
+            _ = tokio::time::sleep_until(next_scan.into()) => {}
             c = metrics.changed() => if c.is_err() { return },
             _ = node.stopped() => return,
         }
