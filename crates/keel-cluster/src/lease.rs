@@ -425,9 +425,29 @@ async fn caught_up(node: &Node) -> Result<(), String> {
     }
 }
 
+/// Whether a quorum acknowledged this leader within the last election timeout. openraft has no
+/// check-quorum step-down: a leader cut off from the others keeps calling itself leader while
+/// the rest elect another, whose deadlines decide. Such a leader must not renew: a lease it
+/// renewed could expire on the real leader before the TTL it answered. The majority cannot
+/// elect a new leader before an election timeout without this leader's heartbeats, and that
+/// leader then gives every lease a full TTL plus an election timeout (LE4), so renewals refused
+/// from one election timeout after the last acknowledgement on are always covered.
+fn quorum_is_recent(node: &Node) -> bool {
+    let metrics = node.raft.metrics();
+    let m = metrics.borrow_watched();
+    if m.membership_config.membership().voter_ids().count() <= 1 {
+        return true;
+    }
+    m.last_quorum_acked.as_ref().is_some_and(|at| openraft::Instant::elapsed(&**at) < node.config.election_timeout)
+}
+
 /// A keep-alive on the leader. A lease it does not hold may be a grant it has not applied yet
 /// (it just became leader): it catches up once before answering TTL 0.
 pub async fn keep_alive_on_leader(node: &Node, id: i64) -> PeerResponse {
+    if !quorum_is_recent(node) {
+        // Not (or no longer) a leader the others follow: the caller retries on the leader.
+        return PeerResponse::NotLeader(None);
+    }
     match node.sm.lessor.renew(id) {
         None => return PeerResponse::NotLeader(None),
         Some(ttl) if ttl > 0 => return PeerResponse::LeaseKeepAlive(ttl),

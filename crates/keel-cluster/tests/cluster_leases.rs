@@ -339,3 +339,70 @@ async fn leases_survive_a_member_restart_and_travel_in_a_snapshot() {
     assert_eq!(c.get("kept/", Some(GetOptions::new().with_prefix())).await.unwrap().count(), 0);
     stop_all(servers).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_cut_off_from_the_others_stops_renewing_before_the_new_leader_could_expire() {
+    use keel_cluster::network::faults;
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(95);
+    let names = ["i1", "i2", "i3"];
+    let configs: Vec<ServeConfig> = (0..3).map(|i| config(dir.path(), &ip, &names, i)).collect();
+    let servers = start(&configs).await;
+    let leader = common::wait_leader(&servers, 30).await;
+    let at_leader = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == leader)).unwrap();
+    let others: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).filter(|id| *id != leader).collect();
+    let mut old = client(&url(&ip, at_leader)).await;
+    let mut majority = client(&url(&ip, follower(&servers, leader))).await;
+    let ttl = Duration::from_secs(2);
+    let lease = old.lease_grant(2, None).await.unwrap().id();
+    old.put("held", "1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+
+    // The old leader is cut off; its client keeps renewing through it for five seconds.
+    for o in &others {
+        faults::set_cut(leader, *o, true);
+        faults::set_cut(*o, leader, true);
+    }
+    let watcher = tokio::spawn(async move {
+        let since = Instant::now();
+        loop {
+            if majority.get("held", None).await.is_ok_and(|g| g.count() == 0) {
+                return Instant::now();
+            }
+            assert!(since.elapsed() < Duration::from_secs(30), "the majority never expired the lease");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut last_renewed = None;
+    let mut stream = None;
+    while Instant::now() < until {
+        if stream.is_none() {
+            stream = tokio::time::timeout(Duration::from_secs(3), old.lease_keep_alive(lease)).await.ok();
+            if let Some(Ok(_)) = &stream {
+                last_renewed = Some(Instant::now());
+            }
+        }
+        if let Some(Ok((keeper, answers))) = stream.as_mut() {
+            let sent = async {
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match tokio::time::timeout(Duration::from_secs(3), sent).await {
+                Ok(Ok(Some(a))) if a.ttl() > 0 => last_renewed = Some(Instant::now()),
+                _ => stream = None,
+            }
+        } else {
+            stream = None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone = watcher.await.unwrap();
+    for o in &others {
+        faults::set_cut(leader, *o, false);
+        faults::set_cut(*o, leader, false);
+    }
+    // Whatever the old leader answered, the lease outlived it by a full TTL on the majority.
+    let last = last_renewed.expect("the lease was renewed at least once before the cut took effect");
+    assert!(gone >= last + ttl, "expired {:?} after a renewal the isolated leader answered", gone - last);
+    stop_all(servers).await;
+}
