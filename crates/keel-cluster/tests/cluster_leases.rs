@@ -406,3 +406,34 @@ async fn a_leader_cut_off_from_the_others_stops_renewing_before_the_new_leader_c
     assert!(gone >= last + ttl, "expired {:?} after a renewal the isolated leader answered", gone - last);
     stop_all(servers).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_restores_leases_with_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(96);
+    let source = common::start_retrying(config(dir.path(), &ip, &["b1"], 0), 30).await;
+    let mut c = client(&url(&ip, 0)).await;
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("backed/a", "1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    c.put("backed/b", "1", None).await.unwrap();
+    let mut stream = c.snapshot().await.unwrap();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes.extend_from_slice(chunk.blob());
+    }
+    source.stop().await;
+
+    let new_dir = tempfile::tempdir().unwrap();
+    let new_ip = common::loopback_ip(97);
+    let cfg = config(new_dir.path(), &new_ip, &["b2"], 0);
+    keel_cluster::restore_snapshot(&cfg, &bytes).unwrap();
+    let restored = common::start_retrying(cfg, 30).await;
+    let mut r = client(&url(&new_ip, 0)).await;
+    assert_eq!(lease_ids(&mut r).await, [lease]);
+    let ttl = r.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
+    assert_eq!((ttl.granted_ttl(), ttl.keys()), (600, &[b"backed/a".to_vec()][..]));
+    r.lease_revoke(lease).await.unwrap();
+    let left = r.get("backed/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(keys_of(&left), ["backed/b"], "the revoke found the restored key through the restored index");
+    restored.stop().await;
+}
