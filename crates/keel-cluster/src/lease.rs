@@ -229,6 +229,8 @@ pub struct LeaseStanding {
 pub struct Lessor {
     state: Mutex<LessorState>,
     next_id: AtomicU64,
+    /// Keep-alives queued for the leader (`renew_batches`), set when the member starts.
+    renewals: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Renewal>>,
 }
 
 impl Default for Lessor {
@@ -242,7 +244,11 @@ impl Lessor {
         // Like etcd's request ids: a clock-seeded counter under the member's prefix, so ids
         // differ between members and between a member's runs.
         let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64);
-        Lessor { state: Mutex::new(LessorState::default()), next_id: AtomicU64::new(ms << 8) }
+        Lessor {
+            state: Mutex::new(LessorState::default()),
+            next_id: AtomicU64::new(ms << 8),
+            renewals: std::sync::OnceLock::new(),
+        }
     }
 
     /// A new positive lease id for a grant that named none.
@@ -356,6 +362,10 @@ fn deadline(from: Instant, ttl: i64) -> Instant {
 /// The leader's expiry loop, one per member: follows leadership (promote / demote) and, while
 /// leading, proposes the revoke of each expired lease, at most etcd's rate per second.
 pub async fn run(node: Arc<Node>) {
+    let (renewals, queue) = tokio::sync::mpsc::unbounded_channel();
+    if node.sm.lessor.renewals.set(renewals).is_ok() {
+        tokio::spawn(renew_batches(Arc::clone(&node), queue));
+    }
     let tick = node.config.heartbeat_interval.clamp(Duration::from_millis(20), Duration::from_millis(500));
     let per_tick = ((REVOKES_PER_SEC * tick.as_millis() as u64) / 1000).max(1) as usize;
     // Server metrics change with state, vote and leader only (not with every applied entry),
@@ -441,24 +451,67 @@ fn quorum_is_recent(node: &Node) -> bool {
     m.last_quorum_acked.as_ref().is_some_and(|at| openraft::Instant::elapsed(&**at) < node.config.election_timeout)
 }
 
-/// A keep-alive on the leader. A lease it does not hold may be a grant it has not applied yet
-/// (it just became leader): it catches up once before answering TTL 0.
-pub async fn keep_alive_on_leader(node: &Node, id: i64) -> PeerResponse {
+/// Keep-alives on the leader, answered in order. A lease it does not hold may be a grant it
+/// has not applied yet (it just became leader): it catches up once before answering TTL 0.
+pub async fn keep_alive_on_leader(node: &Node, ids: &[i64]) -> PeerResponse {
     if !quorum_is_recent(node) {
         // Not (or no longer) a leader the others follow: the caller retries on the leader.
         return PeerResponse::NotLeader(None);
     }
-    match node.sm.lessor.renew(id) {
-        None => return PeerResponse::NotLeader(None),
-        Some(ttl) if ttl > 0 => return PeerResponse::LeaseKeepAlive(ttl),
-        Some(_) => {}
+    let lessor = &node.sm.lessor;
+    let Some(mut ttls) = ids.iter().map(|id| lessor.renew(*id)).collect::<Option<Vec<i64>>>() else {
+        return PeerResponse::NotLeader(None);
+    };
+    if ttls.iter().all(|t| *t > 0) {
+        return PeerResponse::LeaseKeepAlive(ttls);
     }
     if let Err(e) = caught_up(node).await {
         return PeerResponse::Error(e);
     }
-    match node.sm.lessor.renew(id) {
-        None => PeerResponse::NotLeader(None),
-        Some(ttl) => PeerResponse::LeaseKeepAlive(ttl),
+    for (id, ttl) in ids.iter().zip(ttls.iter_mut()) {
+        if *ttl == 0 {
+            match lessor.renew(*id) {
+                None => return PeerResponse::NotLeader(None),
+                Some(t) => *ttl = t,
+            }
+        }
+    }
+    PeerResponse::LeaseKeepAlive(ttls)
+}
+
+/// A keep-alive waiting for its batch: the lease id and where its TTL goes.
+type Renewal = (i64, tokio::sync::oneshot::Sender<Result<i64, Status>>);
+
+/// Most keep-alives in one batch to the leader.
+const RENEWALS_PER_BATCH: usize = 4096;
+
+/// Sends this member's keep-alives to the leader in batches: one peer request carries every
+/// keep-alive that arrived while the previous one was in flight, so a follower serving
+/// thousands of leases makes a few round trips (and one connection) instead of one each.
+async fn renew_batches(node: Arc<Node>, mut queue: tokio::sync::mpsc::UnboundedReceiver<Renewal>) {
+    loop {
+        // Ends with the member (this task holds the node; the queue's sender lives in it).
+        let first = tokio::select! {
+            r = queue.recv() => match r { Some(r) => r, None => return },
+            _ = node.stopped() => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < RENEWALS_PER_BATCH {
+            match queue.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let ids: Vec<i64> = batch.iter().map(|r| r.0).collect();
+        let answer = match node.to_leader(PeerRequest::LeaseKeepAlive(ids)).await {
+            Ok(PeerResponse::LeaseKeepAlive(ttls)) if ttls.len() == batch.len() => Ok(ttls),
+            Ok(other) => Err(Status::internal(format!("unexpected answer {other:?}"))),
+            Err(e) => Err(node_status(e)),
+        };
+        match answer {
+            Ok(ttls) => batch.into_iter().zip(ttls).for_each(|((_, tx), ttl)| drop(tx.send(Ok(ttl)))),
+            Err(e) => batch.into_iter().for_each(|(_, tx)| drop(tx.send(Err(e.clone())))),
+        }
     }
 }
 
@@ -503,10 +556,11 @@ impl Api {
     }
 
     async fn renew(&self, id: i64) -> Result<PbLeaseKeepAliveResponse, Status> {
-        let ttl = match self.node.to_leader(PeerRequest::LeaseKeepAlive(id)).await.map_err(node_status)? {
-            PeerResponse::LeaseKeepAlive(ttl) => ttl,
-            other => return Err(Status::internal(format!("unexpected answer {other:?}"))),
-        };
+        let queue =
+            self.node.sm.lessor.renewals.get().ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        queue.send((id, tx)).map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        let ttl = rx.await.map_err(|_| Status::unavailable("etcdserver: server stopped"))??;
         Ok(PbLeaseKeepAliveResponse { header: Some(self.lease_header()), id, ttl })
     }
 }

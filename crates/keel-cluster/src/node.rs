@@ -503,7 +503,7 @@ impl Node {
                 },
             },
             PeerRequest::Admin(a) => self.handle_admin(a).await,
-            PeerRequest::LeaseKeepAlive(id) => crate::lease::keep_alive_on_leader(self, *id).await,
+            PeerRequest::LeaseKeepAlive(ids) => crate::lease::keep_alive_on_leader(self, ids).await,
             PeerRequest::LeaseTimeToLive { id, keys } => crate::lease::time_to_live_on_leader(self, *id, *keys).await,
             _ => PeerResponse::Error("not a leader request".into()),
         }
