@@ -354,9 +354,10 @@ impl Lessor {
 }
 
 fn deadline(from: Instant, ttl: i64) -> Instant {
-    // A TTL up to MAX_TTL_SECS (285 years) fits an Instant on every platform we run on; a
-    // larger one (never granted) is capped rather than overflowing.
-    from.checked_add(Duration::from_secs(ttl.max(0) as u64)).unwrap_or(from + Duration::from_secs(MAX_TTL_SECS as u64))
+    // A TTL up to MAX_TTL_SECS (285 years) fits an Instant on the platforms we run on; were it
+    // not to, the deadline is capped (136 years, then `from`) rather than panicking.
+    let ttl = Duration::from_secs(ttl.max(0) as u64);
+    from.checked_add(ttl).or_else(|| from.checked_add(Duration::from_secs(u64::from(u32::MAX)))).unwrap_or(from)
 }
 
 /// The leader's expiry loop, one per member: follows leadership (promote / demote) and, while
