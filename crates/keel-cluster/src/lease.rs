@@ -695,6 +695,15 @@ mod tests {
         assert_eq!(l.renew(3), Some(0), "an expired lease is not renewed");
         l.revoked(3);
         assert_eq!(l.standing(3), Some(None));
+        // The revoke rate: at most `limit` per call; the rest stay due for the next tick.
+        for id in 10..15 {
+            l.granted(id, 0);
+        }
+        let first = l.expired(2);
+        assert_eq!(first.len(), 2);
+        let rest = l.expired(10);
+        assert_eq!(rest.len(), 3);
+        assert!(first.iter().all(|id| !rest.contains(id)));
         l.demote();
         assert_eq!(l.standing(1), None);
         let a = l.choose_id(7);
