@@ -1,5 +1,5 @@
-//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Watch and Lease answer Unimplemented) on a
-//! [`Node`].
+//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Watch answers Unimplemented) on a [`Node`].
+//! The Lease service is in `lease.rs`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,23 +32,25 @@ pub struct Api {
     pub node: Arc<Node>,
 }
 
-fn node_status(e: NodeError) -> Status {
+pub(crate) fn node_status(e: NodeError) -> Status {
     match e {
         NodeError::NoLeader | NodeError::Timeout | NodeError::Stopped => Status::unavailable(e.to_string()),
         NodeError::Other(m) => Status::unavailable(m),
     }
 }
 
-fn apply_status(e: ApplyError) -> Status {
+pub(crate) fn apply_status(e: ApplyError) -> Status {
     match e {
         ApplyError::Compacted | ApplyError::FutureRevision => Status::out_of_range(e.to_string()),
         ApplyError::LeaseNotFound => Status::not_found(e.to_string()),
         ApplyError::KeyNotFound | ApplyError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        ApplyError::LeaseExist => Status::failed_precondition(e.to_string()),
+        ApplyError::LeaseTtlTooLarge => Status::out_of_range(e.to_string()),
     }
 }
 
 impl Api {
-    fn header(&self, revision: i64) -> PbResponseHeader {
+    pub(crate) fn header(&self, revision: i64) -> PbResponseHeader {
         PbResponseHeader {
             cluster_id: self.node.cluster_id,
             member_id: self.node.id,
@@ -57,7 +59,7 @@ impl Api {
         }
     }
 
-    fn fill(&self, h: &mut Option<PbResponseHeader>) {
+    pub(crate) fn fill(&self, h: &mut Option<PbResponseHeader>) {
         let rev = h.as_ref().map_or(0, |h| h.revision);
         *h = Some(self.header(rev));
     }
@@ -69,7 +71,7 @@ impl Api {
         Ok(())
     }
 
-    async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>) -> Result<T, Status> {
+    pub(crate) async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>) -> Result<T, Status> {
         self.check_size(body.len())?;
         match self.node.write(Request::new(kind, body)).await.map_err(node_status)? {
             Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
@@ -481,41 +483,5 @@ impl PbWatchService for Api {
         _request: GrpcRequest<tonic::Streaming<PbWatchRequest>>,
     ) -> Result<GrpcResponse<Self::WatchStream>, Status> {
         Err(Status::unimplemented("keel: Watch is not implemented yet"))
-    }
-}
-
-/// Leases answer Unimplemented until their issue lands.
-#[tonic::async_trait]
-impl PbLeaseService for Api {
-    async fn lease_grant(
-        &self,
-        _r: GrpcRequest<PbLeaseGrantRequest>,
-    ) -> Result<GrpcResponse<PbLeaseGrantResponse>, Status> {
-        Err(Status::unimplemented("keel: leases are not implemented yet"))
-    }
-    async fn lease_revoke(
-        &self,
-        _r: GrpcRequest<PbLeaseRevokeRequest>,
-    ) -> Result<GrpcResponse<PbLeaseRevokeResponse>, Status> {
-        Err(Status::unimplemented("keel: leases are not implemented yet"))
-    }
-    type LeaseKeepAliveStream = Stream<PbLeaseKeepAliveResponse>;
-    async fn lease_keep_alive(
-        &self,
-        _r: GrpcRequest<tonic::Streaming<PbLeaseKeepAliveRequest>>,
-    ) -> Result<GrpcResponse<Self::LeaseKeepAliveStream>, Status> {
-        Err(Status::unimplemented("keel: leases are not implemented yet"))
-    }
-    async fn lease_time_to_live(
-        &self,
-        _r: GrpcRequest<PbLeaseTimeToLiveRequest>,
-    ) -> Result<GrpcResponse<PbLeaseTimeToLiveResponse>, Status> {
-        Err(Status::unimplemented("keel: leases are not implemented yet"))
-    }
-    async fn lease_leases(
-        &self,
-        _r: GrpcRequest<PbLeaseLeasesRequest>,
-    ) -> Result<GrpcResponse<PbLeaseLeasesResponse>, Status> {
-        Err(Status::unimplemented("keel: leases are not implemented yet"))
     }
 }

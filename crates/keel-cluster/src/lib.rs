@@ -9,6 +9,7 @@ pub mod compactor;
 pub mod config;
 pub mod etcd_api;
 pub mod files;
+pub mod lease;
 pub mod log_store;
 pub mod mvcc;
 pub mod network;

@@ -5,7 +5,8 @@
 //! at past revisions come from the engine's history (`begin_read_at`), never from tombstones.
 //! The store revision lives in `meta/rev`; every request that writes anything takes exactly one
 //! new revision, shared by all its keys (etcd's rule), and a request that writes nothing takes
-//! none.
+//! none. A key put with a lease is also entered in the lease's key index (`lease.rs`), in the
+//! same request, so a revoke finds its keys without a scan of `kv`.
 
 use etcd_client::proto::PbRangeRequest;
 use etcd_client::proto::{
@@ -110,6 +111,10 @@ impl View for ReadTxn {
 /// Planned writes to the `kv` table: key to new record bytes, `None` for a delete.
 pub type Planned = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// Planned writes to the other tables a request keeps its state in (the lease tables of
+/// `lease.rs`): (table, key) to the new value, `None` for a delete.
+pub type PlannedTables = BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>;
+
 /// The `kv` table as a batch of log entries leaves it before any of them is committed: an
 /// engine snapshot taken when the batch began, the writes planned by the batch's earlier
 /// entries over it, and the current entry's own writes on top. Applying a batch plans every
@@ -119,11 +124,65 @@ pub struct Overlay<'a> {
     base: &'a mut ReadTxn,
     batch: Planned,
     entry: Planned,
+    /// The same two layers for the other tables (see [`PlannedTables`]).
+    tables_batch: PlannedTables,
+    tables_entry: PlannedTables,
 }
 
 impl<'a> Overlay<'a> {
     pub fn new(base: &'a mut ReadTxn) -> Overlay<'a> {
-        Overlay { base, batch: Planned::new(), entry: Planned::new() }
+        Overlay {
+            base,
+            batch: Planned::new(),
+            entry: Planned::new(),
+            tables_batch: PlannedTables::new(),
+            tables_entry: PlannedTables::new(),
+        }
+    }
+
+    /// Takes the current entry's writes to the other tables out (to commit them) and keeps
+    /// them visible to the entries planned after it.
+    pub fn keep_tables(&mut self) -> PlannedTables {
+        let writes = std::mem::take(&mut self.tables_entry);
+        self.tables_batch.extend(writes.iter().map(|(k, v)| (k.clone(), v.clone())));
+        writes
+    }
+
+    /// `key` of `table` as the batch so far leaves it.
+    pub fn get_in(&mut self, table: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, ApplyError> {
+        let at = (table, key.to_vec());
+        if let Some(v) = self.tables_entry.get(&at).or_else(|| self.tables_batch.get(&at)) {
+            return Ok(v.clone());
+        }
+        self.base.get(table, key).map_err(engine)
+    }
+
+    /// Every row of `table` whose key starts with `prefix`, in key order.
+    pub fn scan_prefix_in(&mut self, table: &'static str, prefix: &[u8]) -> Result<Rows, ApplyError> {
+        let base = self.base.scan(table, ScanRange::all().start(prefix.to_vec())).map_err(engine)?;
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        for row in base {
+            let (k, v) = row.map_err(engine)?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            merged.insert(k, Some(v));
+        }
+        for layer in [&self.tables_batch, &self.tables_entry] {
+            let from = (table, prefix.to_vec());
+            for ((t, k), v) in layer.range(from..) {
+                if *t != table || !k.starts_with(prefix) {
+                    break;
+                }
+                merged.insert(k.clone(), v.clone());
+            }
+        }
+        Ok(merged.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect())
+    }
+
+    /// Plans `key` of `table` to become `value` (`None`: deleted).
+    pub fn set_in(&mut self, table: &'static str, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.tables_entry.insert((table, key), value);
     }
 
     /// Takes the current entry's writes out (to commit them) and keeps them visible to the
@@ -137,6 +196,7 @@ impl<'a> Overlay<'a> {
     /// Forgets the current entry's writes (a failed or read-only request writes nothing).
     pub fn discard_entry(&mut self) {
         self.entry.clear();
+        self.tables_entry.clear();
     }
 
     fn put_raw(&mut self, key: &[u8], value: Vec<u8>) {
@@ -344,10 +404,13 @@ impl Writer<'_, '_> {
             Some(v) => Some(Record::decode(&v)?),
             None => None,
         };
+        if req.ignore_lease && req.lease != 0 {
+            return Err(ApplyError::Invalid("lease is provided".into()));
+        }
         if (req.ignore_value || req.ignore_lease) && prev.is_none() {
             return Err(ApplyError::KeyNotFound);
         }
-        if req.lease != 0 && !req.ignore_lease {
+        if req.lease != 0 && !crate::lease::exists(self.txn, req.lease)? {
             return Err(ApplyError::LeaseNotFound);
         }
         let value = match (&prev, req.ignore_value) {
@@ -365,6 +428,7 @@ impl Writer<'_, '_> {
             lease,
             value,
         };
+        crate::lease::reattach(self.txn, &req.key, prev.as_ref().map_or(0, |p| p.lease), lease);
         self.put_record(&req.key, &rec)?;
         let prev_kv = if req.prev_kv { prev.map(|p| p.to_kv(&req.key, false)) } else { None };
         Ok(PbPutResponse { header: Some(header(self.revision)), prev_kv })
@@ -372,7 +436,8 @@ impl Writer<'_, '_> {
 
     pub fn delete_range(&mut self, req: &PbDeleteRequest) -> Result<PbDeleteResponse, ApplyError> {
         let rows = KeySpan::new(&req.key, &req.range_end).read(self.txn)?;
-        for (k, _) in &rows {
+        for (k, r) in &rows {
+            crate::lease::reattach(self.txn, k, r.lease, 0);
             self.txn.delete_raw(k);
             self.wrote = true;
         }

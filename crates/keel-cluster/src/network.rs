@@ -271,6 +271,14 @@ pub enum PeerRequest {
     /// [`StreamFrame::End`] has been answered with [`StreamReply::End`]; then the connection
     /// is back to one [`PeerRequest`] and one [`PeerResponse`] at a time.
     StreamAppend,
+    /// Clients' keep-alives of leases, renewed by the leader (the only member holding
+    /// deadlines, `lease.rs`); a member sends those that arrived together as one request.
+    LeaseKeepAlive(Vec<i64>),
+    /// A client's time-to-live question about a lease, answered by the leader.
+    LeaseTimeToLive {
+        id: i64,
+        keys: bool,
+    },
 }
 
 /// Most appends one stream has sent and not yet had answered. The follower answers an append
@@ -395,6 +403,10 @@ pub enum PeerResponse {
     /// A snapshot chunk was written; the bytes received so far. (Last, so that the other
     /// variants keep their bincode tags.)
     SnapshotReceived(u64),
+    /// Each lease's TTL after its keep-alive, in order; 0 for one unknown or expired.
+    LeaseKeepAlive(Vec<i64>),
+    /// A lease's standing on the leader; `None` for an unknown lease.
+    LeaseTimeToLive(Option<crate::lease::LeaseStanding>),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.

@@ -321,6 +321,8 @@ impl Node {
                 }
             }
         });
+        // Follows leadership: holds lease deadlines while leading and revokes expired leases.
+        tokio::spawn(crate::lease::run(Arc::clone(&node)));
         // A new cluster's members propose the initial membership once, while their log is
         // empty: a fresh data directory, or one made by `keel snapshot restore` (state, no log).
         if log_was_empty && !node.config.join_existing {
@@ -406,7 +408,7 @@ impl Node {
 
     /// Sends `req` to the leader (which may be this member): a write, a read index or an
     /// administrative change. Retries once the leader changes, within the request timeout.
-    async fn to_leader(&self, req: PeerRequest) -> Result<PeerResponse, NodeError> {
+    pub(crate) async fn to_leader(&self, req: PeerRequest) -> Result<PeerResponse, NodeError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout;
         let mut last_err = NodeError::NoLeader;
         while tokio::time::Instant::now() < deadline {
@@ -501,6 +503,8 @@ impl Node {
                 },
             },
             PeerRequest::Admin(a) => self.handle_admin(a).await,
+            PeerRequest::LeaseKeepAlive(ids) => crate::lease::keep_alive_on_leader(self, ids).await,
+            PeerRequest::LeaseTimeToLive { id, keys } => crate::lease::time_to_live_on_leader(self, *id, *keys).await,
             _ => PeerResponse::Error("not a leader request".into()),
         }
     }

@@ -94,6 +94,8 @@ pub struct Shared {
     pub progress: Mutex<Progress>,
     /// The applied log index, for readers waiting on a read index.
     pub applied_tx: tokio::sync::watch::Sender<u64>,
+    /// Lease deadlines while this member leads (`lease.rs`); told of applied grants and revokes.
+    pub lessor: crate::lease::Lessor,
 }
 
 impl Shared {
@@ -198,7 +200,7 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
 
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
 /// `checkpoint`, a `Maintenance.Snapshot` stream. The stream is installed into a scratch store
-/// first (which checks it whole); then only the keys and the revision and compaction point are
+/// first (which checks it whole); then only the keys, the leases and the revision and compaction point are
 /// copied into a fresh store. The old cluster's applied position (which the engine keeps with
 /// the data and would refuse the new log's positions against), membership and published members
 /// stay behind, so the new cluster's log starts at its own first entry and revisions continue
@@ -215,9 +217,13 @@ pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Re
     let db = Database::open(dir.join("store"), relaxed).map_err(io_err)?;
     let mut txn = db.begin_write().map_err(io_err)?;
     let mut in_txn = 0usize;
-    for item in from.scan(mvcc::KV, keeldb::ScanRange::all()).map_err(io_err)? {
-        let (key, value) = item.map_err(io_err)?;
-        txn.put(mvcc::KV, &key, &value).map_err(io_err)?;
+    // The keys with their leases (a key's record names its lease; the lease and its key index
+    // come along, as etcd's restore keeps leases).
+    let tables = [mvcc::KV, crate::lease::LEASES, crate::lease::LEASE_KEYS];
+    let rows = tables.into_iter().map(|t| Ok((t, from.scan(t, keeldb::ScanRange::all()).map_err(io_err)?)));
+    for item in rows.collect::<io::Result<Vec<_>>>()?.into_iter().flat_map(|(t, scan)| scan.map(move |r| (t, r))) {
+        let (table, (key, value)) = (item.0, item.1.map_err(io_err)?);
+        txn.put(table, &key, &value).map_err(io_err)?;
         in_txn += 1;
         if in_txn == 10_000 {
             txn.commit().map_err(io_err)?;
@@ -258,8 +264,16 @@ impl StateMachine {
             Some(_) => Some(Mutex::new(Trace::open(fs.as_ref(), &dir.join("apply.trace"))?)),
             None => None,
         };
-        let sm =
-            StateMachine { shared: Arc::new(Shared { db, trace, snaps, progress: Mutex::new(progress), applied_tx }) };
+        let sm = StateMachine {
+            shared: Arc::new(Shared {
+                db,
+                trace,
+                snaps,
+                progress: Mutex::new(progress),
+                applied_tx,
+                lessor: crate::lease::Lessor::new(),
+            }),
+        };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
         // bring the store up to it before Raft asks what is applied.
@@ -317,8 +331,20 @@ impl StateMachine {
                     Err(e) => Response::Err(e),
                 },
             };
-            let ok_and_wrote = writer.wrote && matches!(response, Response::Ok(_));
-            let took = if ok_and_wrote {
+            let ok = matches!(response, Response::Ok(_));
+            let wrote = writer.wrote;
+            if ok {
+                // Other tables a request keeps state in (the lease tables) are written by a
+                // request that succeeded, whether or not it took a revision (a lease grant
+                // takes none).
+                for ((table, key), value) in view.keep_tables() {
+                    command = match value {
+                        Some(v) => command.put(table, key, v),
+                        None => command.delete(table, key),
+                    };
+                }
+            }
+            let took = if ok && wrote {
                 // Only a request that succeeded and wrote keeps its writes (etcd: one new
                 // revision per writing request, none for a failed or read-only one).
                 for (key, value) in view.keep_entry() {
@@ -377,6 +403,7 @@ impl StateMachine {
         for (entry, response) in entries.iter().zip(&responses) {
             self.trace(entry, response);
         }
+        crate::lease::applied(&self.shared.lessor, entries, &responses);
         if let Some(ts) = compact_ts {
             // Frees history below the compacted revision (etcd's compaction).
             let _ = db.retain_history_since(ts);
@@ -466,6 +493,14 @@ fn execute(
             Ok((resp.encode_to_vec(), None))
         }
         RequestKind::Publish => Err(ApplyError::Invalid("member attributes applied elsewhere".into())),
+        RequestKind::LeaseGrant => {
+            let r = etcd_client::proto::PbLeaseGrantRequest::decode(req.body.as_slice()).map_err(bad)?;
+            Ok((crate::lease::grant(w.txn, &r, revision)?.encode_to_vec(), None))
+        }
+        RequestKind::LeaseRevoke => {
+            let r = etcd_client::proto::PbLeaseRevokeRequest::decode(req.body.as_slice()).map_err(bad)?;
+            Ok((crate::lease::revoke(w, &r, revision)?.encode_to_vec(), None))
+        }
         RequestKind::Compact => {
             let r = PbCompactionRequest::decode(req.body.as_slice()).map_err(bad)?;
             if r.revision <= compact {
@@ -689,7 +724,62 @@ mod tests {
                 .encode_to_vec(),
             ),
             (RequestKind::Put, put("a", "4").encode_to_vec()),
+            // Leases (from index 13): grants take no revision; puts attach, re-puts detach;
+            // a revoke deletes its keys in one revision, or takes none if it has no keys.
+            (RequestKind::LeaseGrant, grant(100, 10)),
+            (RequestKind::Put, leased("g", 100)),
+            (
+                RequestKind::Txn,
+                PbTxnRequest {
+                    compare: vec![],
+                    success: vec![
+                        op(PbTxnOpRequest::RequestPut(PbPutRequest {
+                            key: "h".into(),
+                            lease: 100,
+                            ..Default::default()
+                        })),
+                        op(PbTxnOpRequest::RequestPut(put("a", "5"))),
+                    ],
+                    failure: vec![],
+                }
+                .encode_to_vec(),
+            ),
+            (RequestKind::LeaseGrant, grant(100, 10)),
+            (RequestKind::LeaseGrant, grant(102, crate::lease::MAX_TTL_SECS + 1)),
+            (
+                RequestKind::Put,
+                PbPutRequest { key: "g".into(), value: "g2".into(), ignore_lease: true, ..Default::default() }
+                    .encode_to_vec(),
+            ),
+            (RequestKind::Put, put("h", "h2").encode_to_vec()),
+            (RequestKind::LeaseRevoke, etcd_client::proto::PbLeaseRevokeRequest { id: 100 }.encode_to_vec()),
+            (RequestKind::LeaseRevoke, etcd_client::proto::PbLeaseRevokeRequest { id: 100 }.encode_to_vec()),
+            (RequestKind::LeaseGrant, grant(101, 10)),
+            (RequestKind::Put, leased("i", 101)),
+            (RequestKind::DeleteRange, del("i", "").encode_to_vec()),
+            (RequestKind::LeaseRevoke, etcd_client::proto::PbLeaseRevokeRequest { id: 101 }.encode_to_vec()),
+            (RequestKind::Put, leased("j", 101)),
         ]
+    }
+
+    fn grant(id: i64, ttl: i64) -> Vec<u8> {
+        etcd_client::proto::PbLeaseGrantRequest { id, ttl }.encode_to_vec()
+    }
+
+    fn leased(k: &str, lease: i64) -> Vec<u8> {
+        PbPutRequest { key: k.into(), value: "v".into(), lease, ..Default::default() }.encode_to_vec()
+    }
+
+    fn table(sm: &StateMachine, name: &str) -> mvcc::Rows {
+        let txn = sm.shared.db.begin_read().unwrap();
+        txn.scan(name, keeldb::ScanRange::all()).unwrap().map(|r| r.unwrap()).collect()
+    }
+
+    fn err(r: &Response) -> ApplyError {
+        match r {
+            Response::Err(e) => e.clone(),
+            other => panic!("expected an error, got {other:?}"),
+        }
     }
 
     fn dump(sm: &StateMachine) -> (i64, i64, mvcc::Rows) {
@@ -725,12 +815,32 @@ mod tests {
         .unwrap();
         assert_eq!(del.deleted, 2);
         assert_eq!(dump(&one), dump(&all));
+        for t in [crate::lease::LEASES, crate::lease::LEASE_KEYS] {
+            assert_eq!(table(&one, t), table(&all, t), "{t}");
+        }
+        // The lease requests: errors as etcd's, the revoke of 100 deleted its one key (g; h
+        // was detached by a put without a lease) at one new revision, the revoke of 101 (its
+        // key deleted before) took none, and a put naming the revoked lease failed.
+        assert_eq!(err(&batched[16]), ApplyError::LeaseExist);
+        assert_eq!(err(&batched[17]), ApplyError::LeaseTtlTooLarge);
+        assert_eq!(err(&batched[21]), ApplyError::LeaseNotFound);
+        assert_eq!(err(&batched[26]), ApplyError::LeaseNotFound);
+        let revoked_at = |i: usize| match &batched[i] {
+            Response::Ok(b) => {
+                etcd_client::proto::PbLeaseRevokeResponse::decode(b.as_slice()).unwrap().header.unwrap().revision
+            }
+            r => panic!("{r:?}"),
+        };
+        assert_eq!((revoked_at(20), revoked_at(25)), (15, 17));
+        assert!(table(&all, crate::lease::LEASES).is_empty() && table(&all, crate::lease::LEASE_KEYS).is_empty());
         let (rev, compact, rows) = dump(&all);
-        // etcd starts at revision 1; eight requests wrote.
-        assert_eq!((rev, compact), (10, 2));
-        assert_eq!(rows.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [&b"a"[..], b"c", b"e", b"f"]);
+        // etcd starts at revision 1; sixteen requests wrote.
+        assert_eq!((rev, compact), (17, 2));
+        assert_eq!(rows.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [&b"a"[..], b"c", b"e", b"f", b"h"]);
+        let h = mvcc::Record::decode(&rows[4].1).unwrap();
+        assert_eq!((h.lease, h.value.as_slice()), (0, &b"h2"[..]));
         // Every revision kept its own engine snapshot: reads in the past see each step.
-        for r in 3..=10 {
+        for r in 3..=17 {
             let (mut a, _) = all.shared.read_at(r).unwrap();
             let (mut b, _) = one.shared.read_at(r).unwrap();
             assert_eq!(

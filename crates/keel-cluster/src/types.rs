@@ -59,6 +59,13 @@ pub enum RequestKind {
     /// A member publishing its name and client URLs (bincode `(u64, Member)`), as etcd
     /// members do after they start; takes no revision.
     Publish,
+    /// `etcdserverpb.LeaseGrantRequest` with its id already chosen (never 0) and its TTL
+    /// already raised to the minimum by the proposing member, so every member applies the
+    /// same lease; takes no revision.
+    LeaseGrant,
+    /// `etcdserverpb.LeaseRevokeRequest`, from a client or from the leader's expiry; deletes
+    /// the lease's keys in one revision (none if it has no keys).
+    LeaseRevoke,
 }
 
 /// A log entry's payload: one etcd write request.
@@ -107,11 +114,17 @@ pub enum ApplyError {
     /// `ignore_value`/`ignore_lease` on a key that does not exist.
     #[error("etcdserver: key not found")]
     KeyNotFound,
-    /// A lease id other than 0 (leases arrive with their own issue).
+    /// etcd `ErrLeaseNotFound`: a put, revoke or keep-alive naming a lease that does not exist.
     #[error("etcdserver: requested lease not found")]
     LeaseNotFound,
     /// A request the API layer should have refused (checked again, so that a bad entry
     /// cannot make members diverge).
     #[error("etcdserver: {0}")]
     Invalid(String),
+    /// etcd `ErrLeaseExist`: a grant naming an id that is taken.
+    #[error("etcdserver: lease already exists")]
+    LeaseExist,
+    /// etcd `ErrLeaseTTLTooLarge`: a grant over `lease::MAX_TTL_SECS`.
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
 }
