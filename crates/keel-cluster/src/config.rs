@@ -150,6 +150,9 @@ pub struct ServeConfig {
     /// or an embedding program gives another (the in-process cluster tests give each member a
     /// simulated disk from `keel-testkit`). No flag sets it.
     pub fs: Arc<dyn FileSystem>,
+    /// How often an idle watcher that asked for progress notifications gets one (etcd's
+    /// `--watch-progress-notify-interval`, 10 minutes).
+    pub watch_progress_notify_interval: Duration,
 }
 
 impl Default for ServeConfig {
@@ -173,6 +176,7 @@ impl Default for ServeConfig {
             client_tls: TlsFiles::default(),
             peer_tls: TlsFiles::default(),
             fs: Arc::new(StdFs),
+            watch_progress_notify_interval: Duration::from_secs(600),
             name,
         }
     }

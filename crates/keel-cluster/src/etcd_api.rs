@@ -1,5 +1,5 @@
-//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Watch and Lease answer Unimplemented) on a
-//! [`Node`].
+//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Lease answers Unimplemented) on a [`Node`].
+//! Watch is in `watch.rs`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -453,19 +453,6 @@ impl Fold {
     }
     fn finish(&self) -> u32 {
         (self.0 ^ (self.0 >> 32)) as u32
-    }
-}
-
-/// Watch answers Unimplemented until its issue lands.
-#[tonic::async_trait]
-impl PbWatchService for Api {
-    type WatchStream = Stream<PbWatchResponse>;
-
-    async fn watch(
-        &self,
-        _request: GrpcRequest<tonic::Streaming<PbWatchRequest>>,
-    ) -> Result<GrpcResponse<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("keel: Watch is not implemented yet"))
     }
 }
 

@@ -16,6 +16,7 @@ pub mod snapshot_file;
 pub mod state_machine;
 pub mod tls;
 pub mod types;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ impl Server {
         let client_tls = tls::client_listener_tls(&config.client_tls)?;
         let node = Node::start(config).await?;
         let api = etcd_api::Api { node: Arc::clone(&node) };
+        let watch = watch::WatchService::new(Arc::clone(&node));
         let max = node.config.max_request_bytes + 64 * 1024;
         let mut client_addrs = Vec::new();
         let mut tasks = Vec::new();
@@ -85,7 +87,7 @@ impl Server {
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))
-                .add_service(PbWatchServer::new(api.clone()))
+                .add_service(PbWatchServer::new(watch.clone()))
                 .add_service(PbLeaseServer::new(api.clone()));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();

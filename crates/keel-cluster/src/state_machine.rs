@@ -128,6 +128,21 @@ impl Shared {
         Ok((txn, current))
     }
 
+    /// The engine timestamp of the newest commit at or before `revision`: the change feed after
+    /// it holds every revision above `revision` (a watcher's catch-up starts there). `Err` with
+    /// the oldest revision whose changes the feed still holds when `revision` is older than the
+    /// history kept (compacted, or before this member's restart or last snapshot install).
+    pub fn revision_ts(&self, revision: i64) -> Result<u64, i64> {
+        let p = self.progress.lock();
+        let first = p.revs.front().map_or(p.revision, |r| r.0);
+        // Revision 1 is the empty store etcd starts at: nothing below it is missing.
+        if revision < first && first > 1 {
+            return Err(first + 1);
+        }
+        let at = p.revs.partition_point(|r| r.0 <= revision);
+        p.revs.get(at.saturating_sub(1)).map(|r| r.1).ok_or(first + 1)
+    }
+
     /// Members' published attributes (name, client URLs) by id.
     pub fn published_members(&self) -> std::collections::BTreeMap<u64, crate::types::Member> {
         let mut out = std::collections::BTreeMap::new();
