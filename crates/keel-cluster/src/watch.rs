@@ -29,10 +29,14 @@ use crate::node::Node;
 
 /// Deliveries a stream's inbox holds before the hub makes its watchers victims.
 const INBOX_DELIVERIES: usize = 64;
+/// Deliveries merged into one response per watcher when they queue up.
+const MERGE_DELIVERIES: usize = 32;
 /// Responses queued for the client before the stream task waits for it.
 const OUT_RESPONSES: usize = 16;
 /// Changes a behind watcher reads from the feed per catch-up step.
-const CATCH_UP_CHANGES: usize = 1024;
+const CATCH_UP_CHANGES: usize = 256;
+/// Event bytes one catch-up step puts in a response (at least one revision, whatever its size).
+const CATCH_UP_BYTES: usize = 1 << 20;
 /// How long a behind watcher whose next revision is not in the feed yet waits to look again.
 const CATCH_UP_RETRY: Duration = Duration::from_millis(2);
 
@@ -376,23 +380,44 @@ impl Session {
         .await
     }
 
-    /// Sends a hub delivery's events to its watchers still on this stream.
-    async fn deliver(&mut self, d: Delivery) -> Result<(), Gone> {
-        self.seen_rev = self.seen_rev.max(d.revision);
-        for hit in d.hits {
-            let Some(w) = self.watchers.get_mut(&hit.token) else { continue };
-            // Canceled and the token never reused; behind watchers are not in the index, and
-            // deliveries queued before one fell behind are drained before it is marked.
-            debug_assert!(w.behind.is_none());
-            w.quiet = false;
-            let (prev_kv, fragment, id) = (w.prev_kv, w.fragment, w.id);
-            let mut events = Vec::with_capacity(hit.events.len());
-            for (b, e) in hit.events {
-                let Some(batch) = d.batches.get(b as usize) else { continue };
-                let prev = if prev_kv { Some(batch.prev_kvs(&self.node.sm.db)) } else { None };
-                events.extend(batch.to_pb(e as usize, prev));
+    /// Sends a hub delivery's events to its watchers still on this stream, together with the
+    /// deliveries queued behind it: one response per watcher for all of them (fewer, larger
+    /// responses when the client or this task lags, as etcd's catch-up sends).
+    async fn deliver(&mut self, first: Delivery) -> Result<(), Gone> {
+        let mut queue = vec![first];
+        while queue.len() < MERGE_DELIVERIES {
+            match self.inbox.try_recv() {
+                Ok(d) => queue.push(d),
+                Err(_) => break,
             }
-            let resp = PbWatchResponse { header: self.header(d.revision), watch_id: id, events, ..Default::default() };
+        }
+        let revision = queue.iter().map(|d| d.revision).max().unwrap_or(0);
+        self.seen_rev = self.seen_rev.max(revision);
+        let db = &self.node.sm.db;
+        let mut order: Vec<u64> = Vec::new();
+        let mut per: HashMap<u64, Vec<etcd_client::proto::PbEvent>> = HashMap::new();
+        for d in &queue {
+            for hit in &d.hits {
+                let Some(w) = self.watchers.get_mut(&hit.token) else { continue };
+                // Canceled and the token never reused; behind watchers are not in the index,
+                // and deliveries queued before one fell behind are drained before it is marked.
+                debug_assert!(w.behind.is_none());
+                w.quiet = false;
+                let events = per.entry(hit.token).or_insert_with(|| {
+                    order.push(hit.token);
+                    Vec::new()
+                });
+                for (b, e) in &hit.events {
+                    let Some(batch) = d.batches.get(*b as usize) else { continue };
+                    let prev = if w.prev_kv { Some(batch.prev_kvs(db)) } else { None };
+                    events.extend(batch.to_pb(*e as usize, prev));
+                }
+            }
+        }
+        for token in order {
+            let (Some(w), Some(events)) = (self.watchers.get(&token), per.remove(&token)) else { continue };
+            let (id, fragment) = (w.id, w.fragment);
+            let resp = PbWatchResponse { header: self.header(revision), watch_id: id, events, ..Default::default() };
             self.send_events(resp, fragment).await?;
         }
         Ok(())
@@ -466,6 +491,7 @@ impl Session {
             }
         };
         let mut events = Vec::new();
+        let mut bytes = 0usize;
         let mut ts = after;
         let mut last_rev = next_rev - 1;
         for commit in &commits {
@@ -475,7 +501,7 @@ impl Session {
             };
             // Never ahead of the hub: a progress report covers every watcher of the stream,
             // and synced ones have nothing past the hub's revision yet.
-            if batch.revision > limit {
+            if batch.revision > limit || bytes >= CATCH_UP_BYTES {
                 break;
             }
             ts = commit.ts;
@@ -485,6 +511,7 @@ impl Session {
             let prev = if w.prev_kv { Some(batch.prev_kvs(&sm.db)) } else { None };
             for (i, e) in batch.events.iter().enumerate() {
                 if w.span.contains(&e.kv.key) && index::passes(w.no_put, w.no_delete, e.put) {
+                    bytes += e.kv.key.len() + e.kv.value.len();
                     events.extend(batch.to_pb(i, prev));
                 }
             }
