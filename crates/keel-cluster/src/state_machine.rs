@@ -378,7 +378,11 @@ impl StateMachine {
                 }
                 if let Some(c) = new_compact {
                     p.compact_revision = c;
-                    let keep_from = p.revs.partition_point(|r| r.0 <= c).saturating_sub(1);
+                    // History is kept from the revision before `c`: reads at `c` and the
+                    // change feed's commit of `c` itself stay (a watch may start at the
+                    // compacted revision, as in etcd); reads below `c` are refused by
+                    // `compact_revision`.
+                    let keep_from = p.revs.partition_point(|r| r.0 < c).saturating_sub(1);
                     p.revs.drain(..keep_from);
                     compact_ts = p.revs.front().map(|r| r.1);
                 }
