@@ -384,10 +384,16 @@ impl Session {
     /// deliveries queued behind it: one response per watcher for all of them (fewer, larger
     /// responses when the client or this task lags, as etcd's catch-up sends).
     async fn deliver(&mut self, first: Delivery) -> Result<(), Gone> {
+        // Merged up to about 1 MiB of events, so a response stays well under the 4 MiB a
+        // gRPC client takes by default.
+        let mut bytes = delivery_bytes(&first);
         let mut queue = vec![first];
-        while queue.len() < MERGE_DELIVERIES {
+        while queue.len() < MERGE_DELIVERIES && bytes < CATCH_UP_BYTES {
             match self.inbox.try_recv() {
-                Ok(d) => queue.push(d),
+                Ok(d) => {
+                    bytes += delivery_bytes(&d);
+                    queue.push(d);
+                }
                 Err(_) => break,
             }
         }
@@ -573,6 +579,16 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Key and value bytes a delivery carries to this stream's watchers.
+fn delivery_bytes(d: &Delivery) -> usize {
+    d.hits
+        .iter()
+        .flat_map(|h| h.events.iter())
+        .filter_map(|(b, e)| d.batches.get(*b as usize).and_then(|b| b.events.get(*e as usize)))
+        .map(|e| e.kv.key.len() + e.kv.value.len())
+        .sum()
 }
 
 /// A create request's fields (the generated type is not re-exported by name).

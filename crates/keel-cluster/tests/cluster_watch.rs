@@ -187,6 +187,8 @@ async fn a_follower_serves_etcd_watch_semantics() {
     let live = w.events(a, 1).await;
     // Re-created after the delete: version 1 again and no previous key-value.
     assert_eq!(live, [put("a", "3", r3, None)]);
+    let r4 = put_rev(&mut c, "a", "4").await;
+    assert_eq!(w.events(a, 1).await, [put("a", "4", r4, Some("3"))]);
 
     // Prefix, range [b, d) and from-key watchers on the same stream.
     let p = w.add("p/", WatchOptions::new().with_prefix()).await.watch_id();
