@@ -298,7 +298,7 @@ async fn big_revisions_come_in_fragments_only_when_asked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn idle_watchers_get_progress_notifications() {
+async fn progress_comes_to_idle_watchers_and_to_requests_only_when_synced() {
     let cluster =
         Cluster::start(3, |c| ServeConfig { watch_progress_notify_interval: Duration::from_millis(300), ..c }).await;
     let f = cluster.follower().await;
@@ -317,6 +317,34 @@ async fn idle_watchers_get_progress_notifications() {
     assert!(r.header().unwrap().revision() >= rev);
     // Only the watcher that asked gets them.
     assert!(w.pending.get(&quiet).is_none_or(VecDeque::is_empty));
+
+    // A progress request while a watcher is still replaying history is answered only once it
+    // is synced: everything up to the progress revision has arrived before it.
+    let first = put_rev(&mut c, "r", "0").await;
+    for i in 1..400 {
+        c.put("r", format!("{i}"), None).await.unwrap();
+    }
+    // The request goes right behind the create, before the replay can have finished.
+    let ws = c.watch("r", Some(WatchOptions::new().with_start_revision(first))).await.unwrap();
+    let mut w = Watches { ws, pending: HashMap::new() };
+    w.ws.request_progress().await.unwrap();
+    let created = w.next_any().await;
+    assert!(created.created());
+    let id = created.watch_id();
+    let mut last = 0;
+    loop {
+        let r = w.next_any().await;
+        if r.watch_id() == -1 {
+            let at = r.header().unwrap().revision();
+            assert!(at >= first + 399 && last == first + 399, "progress at {at} after events up to {last}");
+            break;
+        }
+        assert_eq!(r.watch_id(), id);
+        for e in evs(&r) {
+            assert_eq!(e.3, if last == 0 { first } else { last + 1 });
+            last = e.3;
+        }
+    }
     cluster.stop().await;
 }
 
