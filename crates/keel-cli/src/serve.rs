@@ -404,3 +404,20 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     Ok(Duration::from_millis(ms))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations_take_etcds_units_and_refuse_others() {
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}
