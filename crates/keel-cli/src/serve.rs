@@ -86,6 +86,10 @@ pub struct ServeCommand {
     /// Refuse peers without a certificate signed by --peer-trusted-ca-file.
     #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true")]
     peer_client_cert_auth: bool,
+    /// How often an idle watcher asking for progress notifications gets one (`10m`, `30s`,
+    /// `500ms`).
+    #[arg(long, alias = "experimental-watch-progress-notify-interval", default_value = "10m", value_parser = parse_duration)]
+    watch_progress_notify_interval: Duration,
     /// Accepted for etcd scripts: `debug` and `info` print member events, `warn` and
     /// `error` only problems (KeelDB logs little either way).
     #[arg(long, default_value = "info", value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
@@ -136,6 +140,7 @@ impl ServeCommand {
             name: self.name,
             fs: ServeConfig::default().fs,
             auto_compaction_interval: None,
+            watch_progress_notify_interval: self.watch_progress_notify_interval,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)
@@ -421,4 +426,36 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
             }
         }
     })
+}
+
+/// A Go-style duration with one unit: `500ms`, `30s`, `10m`, `1h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" | "" => n.saturating_mul(1000),
+        "m" => n.saturating_mul(60_000),
+        "h" => n.saturating_mul(3_600_000),
+        _ => return Err(format!("invalid duration unit in {text:?} (ms, s, m or h)")),
+    };
+    Ok(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations_take_etcds_units_and_refuse_others() {
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("").is_err());
+    }
 }

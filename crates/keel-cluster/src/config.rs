@@ -154,6 +154,9 @@ pub struct ServeConfig {
     pub auto_compaction: crate::compactor::AutoCompaction,
     /// How often the compactor looks, instead of the mode's own interval (tests; no flag).
     pub auto_compaction_interval: Option<Duration>,
+    /// How often an idle watcher that asked for progress notifications gets one (etcd's
+    /// `--watch-progress-notify-interval`, 10 minutes).
+    pub watch_progress_notify_interval: Duration,
 }
 
 impl Default for ServeConfig {
@@ -179,6 +182,7 @@ impl Default for ServeConfig {
             fs: Arc::new(StdFs),
             auto_compaction: crate::compactor::AutoCompaction::Off,
             auto_compaction_interval: None,
+            watch_progress_notify_interval: Duration::from_secs(600),
             name,
         }
     }

@@ -1,5 +1,5 @@
-//! etcd's v3 gRPC API (KV, Cluster, Maintenance; Watch answers Unimplemented) on a [`Node`].
-//! The Lease service is in `lease.rs`.
+//! etcd's v3 gRPC API (KV, Cluster, Maintenance) on a [`Node`]. The Lease service is in
+//! `lease.rs`, Watch in `watch.rs`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -473,15 +473,3 @@ impl Fold {
     }
 }
 
-/// Watch answers Unimplemented until its issue lands.
-#[tonic::async_trait]
-impl PbWatchService for Api {
-    type WatchStream = Stream<PbWatchResponse>;
-
-    async fn watch(
-        &self,
-        _request: GrpcRequest<tonic::Streaming<PbWatchRequest>>,
-    ) -> Result<GrpcResponse<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("keel: Watch is not implemented yet"))
-    }
-}

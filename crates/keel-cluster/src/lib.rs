@@ -19,6 +19,7 @@ pub mod state_machine;
 pub mod status_client;
 pub mod tls;
 pub mod types;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ impl Server {
         let client_tls = tls::client_listener_tls(&config.client_tls)?;
         let node = Node::start(config).await?;
         let api = etcd_api::Api { node: Arc::clone(&node) };
+        let watch = watch::WatchService::new(Arc::clone(&node));
         let max = node.config.max_request_bytes + 64 * 1024;
         let mut client_addrs = Vec::new();
         let mut tasks = Vec::new();
@@ -88,7 +90,7 @@ impl Server {
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))
-                .add_service(PbWatchServer::new(api.clone()))
+                .add_service(PbWatchServer::new(watch.clone()))
                 .add_service(PbLeaseServer::new(api.clone()));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();

@@ -130,6 +130,21 @@ impl Shared {
         Ok((txn, current))
     }
 
+    /// The engine timestamp of the newest commit at or before `revision`: the change feed after
+    /// it holds every revision above `revision` (a watcher's catch-up starts there). `Err` with
+    /// the oldest revision whose changes the feed still holds when `revision` is older than the
+    /// history kept (compacted, or before this member's restart or last snapshot install).
+    pub fn revision_ts(&self, revision: i64) -> Result<u64, i64> {
+        let p = self.progress.lock();
+        let first = p.revs.front().map_or(p.revision, |r| r.0);
+        // Revision 1 is the empty store etcd starts at: nothing below it is missing.
+        if revision < first && first > 1 {
+            return Err(first + 1);
+        }
+        let at = p.revs.partition_point(|r| r.0 <= revision);
+        p.revs.get(at.saturating_sub(1)).map(|r| r.1).ok_or(first + 1)
+    }
+
     /// Members' published attributes (name, client URLs) by id.
     pub fn published_members(&self) -> std::collections::BTreeMap<u64, crate::types::Member> {
         let mut out = std::collections::BTreeMap::new();
@@ -389,7 +404,11 @@ impl StateMachine {
                 }
                 if let Some(c) = new_compact {
                     p.compact_revision = c;
-                    let keep_from = p.revs.partition_point(|r| r.0 <= c).saturating_sub(1);
+                    // History is kept from the revision before `c`: reads at `c` and the
+                    // change feed's commit of `c` itself stay (a watch may start at the
+                    // compacted revision, as in etcd); reads below `c` are refused by
+                    // `compact_revision`.
+                    let keep_from = p.revs.partition_point(|r| r.0 < c).saturating_sub(1);
                     p.revs.drain(..keep_from);
                     compact_ts = p.revs.front().map(|r| r.1);
                 }
