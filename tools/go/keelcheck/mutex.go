@@ -68,7 +68,10 @@ func mutexClient(cli *clientv3.Client, ci int, cfg faultConfig, st *mutexStats, 
 		}
 		cancel()
 		if err != nil {
-			st.lockErrs.Add(1)
+			if st.lockErrs.Add(1) <= 3 {
+				fmt.Printf("keelcheck: mutex: lock: %v\n", err)
+			}
+			time.Sleep(50 * time.Millisecond) // a failover: do not spin
 			continue
 		}
 		st.sections.Add(1)
