@@ -4,6 +4,8 @@
 //!
 //! See `docs/design/replication.md` for the failure cases and `docs/CLUSTER.md` for operation.
 
+pub mod auth;
+pub mod auth_api;
 pub mod backup;
 pub mod config;
 pub mod etcd_api;
@@ -86,7 +88,8 @@ impl Server {
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))
                 .add_service(PbWatchServer::new(api.clone()))
-                .add_service(PbLeaseServer::new(api.clone()));
+                .add_service(PbLeaseServer::new(api.clone()))
+                .add_service(auth_api::AuthServer::new(api.clone()));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
             tasks.push(tokio::spawn(async move {

@@ -28,6 +28,7 @@ use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
 use prost::Message;
 
+use crate::auth::{AuthError, AuthOp, AuthState};
 use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
 use crate::snapshot_file::{SnapshotFile, Snapshots};
@@ -94,6 +95,9 @@ pub struct Shared {
     pub progress: Mutex<Progress>,
     /// The applied log index, for readers waiting on a read index.
     pub applied_tx: tokio::sync::watch::Sender<u64>,
+    /// The auth state as of the last applied entry (its rows are in the store; this is the
+    /// copy the API checks requests against).
+    pub auth: parking_lot::RwLock<Arc<AuthState>>,
 }
 
 impl Shared {
@@ -249,6 +253,7 @@ impl StateMachine {
         let db = Database::open(dir.join("store"), options).map_err(io_err)?;
         let txn = db.begin_read().map_err(io_err)?;
         let progress = progress_of(&txn)?;
+        let auth = AuthState::load(&txn).map_err(io_err)?;
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
@@ -259,7 +264,14 @@ impl StateMachine {
             None => None,
         };
         let sm =
-            StateMachine { shared: Arc::new(Shared { db, trace, snaps, progress: Mutex::new(progress), applied_tx }) };
+            StateMachine { shared: Arc::new(Shared {
+            db,
+            trace,
+            snaps,
+            progress: Mutex::new(progress),
+            applied_tx,
+            auth: parking_lot::RwLock::new(Arc::new(auth)),
+        }) };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
         // bring the store up to it before Raft asks what is applied.
@@ -284,6 +296,9 @@ impl StateMachine {
         };
         let mut snapshot = db.begin_read().map_err(io_err)?;
         let mut view = mvcc::Overlay::new(&mut snapshot);
+        // The auth state as the entries before each one leave it; copied only if one changes it.
+        let mut auth = Arc::clone(&self.shared.auth.read());
+        let mut auth_changed = false;
         let mut commands = Vec::with_capacity(entries.len());
         // Per entry: response, revision it took (if it wrote), new compaction point, membership.
         let mut planned = Vec::with_capacity(entries.len());
@@ -293,7 +308,13 @@ impl StateMachine {
             let mut command = keeldb::Command::new();
             let mut new_compact = None;
             let mut membership = None;
+            // A request checked against an auth state that has changed since is refused whole.
+            let refused = match &entry.payload {
+                EntryPayload::Normal(req) if req.kind != RequestKind::Publish => auth.admit(req.auth.as_ref()).err(),
+                _ => None,
+            };
             let response = match &entry.payload {
+                _ if refused.is_some() => Response::Err(ApplyError::Auth(refused.unwrap_or(AuthError::AuthOldRevision))),
                 EntryPayload::Blank => Response::Ok(Vec::new()),
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(log_id), m.clone()));
@@ -307,6 +328,28 @@ impl StateMachine {
                             Response::Ok(Vec::new())
                         }
                         Err(e) => Response::Err(ApplyError::Invalid(format!("bad member attributes: {e}"))),
+                    }
+                }
+                EntryPayload::Normal(req) if req.kind == RequestKind::Auth => {
+                    match bincode::deserialize::<AuthOp>(&req.body) {
+                        Ok(op) => {
+                            let mut next = (*auth).clone();
+                            match next.apply(&op) {
+                                Ok(writes) => {
+                                    for (table, key, value) in writes {
+                                        command = match value {
+                                            Some(v) => command.put(table, key, v),
+                                            None => command.delete(table, key),
+                                        };
+                                    }
+                                    auth = Arc::new(next);
+                                    auth_changed = true;
+                                    Response::Ok(Vec::new())
+                                }
+                                Err(e) => Response::Err(ApplyError::Auth(e)),
+                            }
+                        }
+                        Err(e) => Response::Err(ApplyError::Invalid(format!("bad auth request: {e}"))),
                     }
                 }
                 EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
@@ -377,6 +420,9 @@ impl StateMachine {
         for (entry, response) in entries.iter().zip(&responses) {
             self.trace(entry, response);
         }
+        if auth_changed {
+            *self.shared.auth.write() = auth;
+        }
         if let Some(ts) = compact_ts {
             // Frees history below the compacted revision (etcd's compaction).
             let _ = db.retain_history_since(ts);
@@ -416,6 +462,7 @@ impl StateMachine {
         if progress.applied != meta.last_log_id {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
         }
+        *self.shared.auth.write() = Arc::new(AuthState::load(&txn).map_err(io_err)?);
         let applied = progress.applied.map_or(0, |a| a.index);
         *self.shared.progress.lock() = progress;
         if let Some(t) = &self.shared.trace {
@@ -465,7 +512,7 @@ fn execute(
             }
             Ok((resp.encode_to_vec(), None))
         }
-        RequestKind::Publish => Err(ApplyError::Invalid("member attributes applied elsewhere".into())),
+        RequestKind::Publish | RequestKind::Auth => Err(ApplyError::Invalid("applied elsewhere".into())),
         RequestKind::Compact => {
             let r = PbCompactionRequest::decode(req.body.as_slice()).map_err(bad)?;
             if r.revision <= compact {

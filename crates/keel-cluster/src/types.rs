@@ -59,6 +59,8 @@ pub enum RequestKind {
     /// A member publishing its name and client URLs (bincode `(u64, Member)`), as etcd
     /// members do after they start; takes no revision.
     Publish,
+    /// A change of users, roles or permissions (bincode `auth::AuthOp`); takes no revision.
+    Auth,
 }
 
 /// A log entry's payload: one etcd write request.
@@ -68,13 +70,22 @@ pub struct Request {
     pub kind: RequestKind,
     /// The protobuf-encoded request.
     pub body: Vec<u8>,
+    /// Who sent it and the auth revision its permissions were checked at (`None`: an internal
+    /// request, or one proposed before auth existed).
+    #[serde(default)]
+    pub auth: Option<crate::auth::AuthStamp>,
 }
 
 impl Request {
     /// A request of `kind` with its protobuf body. (Every request is built here, so that fields
     /// added later, such as who sent it, get one default.)
     pub fn new(kind: RequestKind, body: Vec<u8>) -> Request {
-        Request { kind, body }
+        Request { kind, body, auth: None }
+    }
+
+    /// A client's request, stamped with who sent it and the auth revision it was checked at.
+    pub fn with_auth(kind: RequestKind, body: Vec<u8>, auth: crate::auth::AuthStamp) -> Request {
+        Request { auth: Some(auth), ..Request::new(kind, body) }
     }
 }
 
@@ -114,4 +125,7 @@ pub enum ApplyError {
     /// cannot make members diverge).
     #[error("etcdserver: {0}")]
     Invalid(String),
+    /// Refused by authentication or authorization (etcd's auth errors).
+    #[error("{0}")]
+    Auth(crate::auth::AuthError),
 }
