@@ -104,17 +104,45 @@ pub struct Role {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum AuthOp {
     /// `secret`: the new token key, chosen by the member that received the request.
-    Enable { secret: [u8; 32] },
+    Enable {
+        secret: [u8; 32],
+    },
     Disable,
-    UserAdd { name: String, password_hash: Option<String>, no_password: bool },
-    UserDelete { name: String },
-    UserChangePassword { name: String, password_hash: Option<String> },
-    UserGrantRole { user: String, role: String },
-    UserRevokeRole { name: String, role: String },
-    RoleAdd { name: String },
-    RoleDelete { name: String },
-    RoleGrantPermission { name: String, perm: Permission },
-    RoleRevokePermission { role: String, key: Vec<u8>, range_end: Vec<u8> },
+    UserAdd {
+        name: String,
+        password_hash: Option<String>,
+        no_password: bool,
+    },
+    UserDelete {
+        name: String,
+    },
+    UserChangePassword {
+        name: String,
+        password_hash: Option<String>,
+    },
+    UserGrantRole {
+        user: String,
+        role: String,
+    },
+    UserRevokeRole {
+        name: String,
+        role: String,
+    },
+    RoleAdd {
+        name: String,
+    },
+    RoleDelete {
+        name: String,
+    },
+    RoleGrantPermission {
+        name: String,
+        perm: Permission,
+    },
+    RoleRevokePermission {
+        role: String,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
+    },
 }
 
 /// Who sent a request and the auth revision its permissions were checked at; stamped on every
@@ -170,10 +198,8 @@ impl AuthError {
         use AuthError::*;
         let m = self.to_string();
         match self {
-            RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist
-            | RoleNotFound | RoleNotGranted | PermissionNotGranted | AuthNotEnabled => {
-                tonic::Status::failed_precondition(m)
-            }
+            RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound | RoleAlreadyExist | RoleNotFound
+            | RoleNotGranted | PermissionNotGranted | AuthNotEnabled => tonic::Status::failed_precondition(m),
             UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt | AuthOldRevision => {
                 tonic::Status::invalid_argument(m)
             }
@@ -561,9 +587,9 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 fn hmac_sha256(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
     let mut inner_pad = [0x36u8; 64];
     let mut outer_pad = [0x5cu8; 64];
-    for (i, k) in key.iter().enumerate() {
-        inner_pad[i] ^= k;
-        outer_pad[i] ^= k;
+    for ((inner, outer), k) in inner_pad.iter_mut().zip(outer_pad.iter_mut()).zip(key) {
+        *inner ^= k;
+        *outer ^= k;
     }
     let inner = Sha256::new().chain_update(inner_pad).chain_update(message).finalize();
     Sha256::new().chain_update(outer_pad).chain_update(inner).finalize().into()
@@ -678,6 +704,18 @@ mod tests {
             .apply(&AuthOp::UserAdd { name: "a.b".into(), password_hash: Some("h".into()), no_password: false })
             .unwrap();
         assert_eq!(readded.verify_token(&t, 1000), Err(AuthError::InvalidAuthToken));
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231_case_1() {
+        // A 20-byte key zero-padded to 32 bytes is the same HMAC key (keys are zero-padded to
+        // the block size).
+        let mut key = [0u8; 32];
+        key[..20].copy_from_slice(&[0x0b; 20]);
+        assert_eq!(
+            hex(&hmac_sha256(&key, b"Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
+        );
     }
 
     #[test]

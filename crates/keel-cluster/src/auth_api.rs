@@ -105,7 +105,13 @@ impl Api {
     async fn propose_auth(&self, op: AuthOp, stamp: AuthStamp) -> Result<PbResponseHeader, Status> {
         let body = bincode::serialize(&op).map_err(|e| Status::internal(e.to_string()))?;
         match self.node.write(Request::with_auth(RequestKind::Auth, body, stamp)).await {
-            Ok(Response::Ok(_)) => Ok(self.header_now()),
+            Ok(Response::Ok(_)) => {
+                // The leader has applied the change; wait until this member has too, so that the
+                // client's next request here is checked against it (not refused as checked at an
+                // old revision).
+                self.node.read_barrier().await.map_err(|e| Status::unavailable(e.to_string()))?;
+                Ok(self.header_now())
+            }
             Ok(Response::Err(ApplyError::Auth(e))) => Err(e.status()),
             Ok(Response::Err(e)) => Err(Status::invalid_argument(e.to_string())),
             Err(e) => Err(Status::unavailable(e.to_string())),
@@ -197,7 +203,10 @@ async fn chosen_hash(password: &str, hashed: &str) -> Result<String, Status> {
 }
 
 impl Api {
-    async fn auth_enable(&self, r: GrpcRequest<PbAuthEnableRequest>) -> Result<GrpcResponse<PbAuthEnableResponse>, Status> {
+    async fn auth_enable(
+        &self,
+        r: GrpcRequest<PbAuthEnableRequest>,
+    ) -> Result<GrpcResponse<PbAuthEnableResponse>, Status> {
         let stamp = self.require_root(r.metadata())?;
         let mut secret = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut secret);
@@ -214,7 +223,10 @@ impl Api {
         Ok(GrpcResponse::new(PbAuthDisableResponse { header: Some(header) }))
     }
 
-    async fn auth_status(&self, _r: GrpcRequest<AuthStatusRequest>) -> Result<GrpcResponse<AuthStatusResponse>, Status> {
+    async fn auth_status(
+        &self,
+        _r: GrpcRequest<AuthStatusRequest>,
+    ) -> Result<GrpcResponse<AuthStatusResponse>, Status> {
         let state = self.read_auth().await?;
         Ok(GrpcResponse::new(AuthStatusResponse {
             header: Some(self.header_now()),
@@ -246,7 +258,10 @@ impl Api {
         Ok(GrpcResponse::new(PbAuthenticateResponse { header: Some(self.header_now()), token }))
     }
 
-    async fn user_add(&self, r: GrpcRequest<PbAuthUserAddRequest>) -> Result<GrpcResponse<PbAuthUserAddResponse>, Status> {
+    async fn user_add(
+        &self,
+        r: GrpcRequest<PbAuthUserAddRequest>,
+    ) -> Result<GrpcResponse<PbAuthUserAddResponse>, Status> {
         let stamp = self.require_root(r.metadata())?;
         let r = r.into_inner();
         if r.name.is_empty() {
@@ -258,7 +273,10 @@ impl Api {
         Ok(GrpcResponse::new(PbAuthUserAddResponse { header: Some(header) }))
     }
 
-    async fn user_get(&self, r: GrpcRequest<PbAuthUserGetRequest>) -> Result<GrpcResponse<PbAuthUserGetResponse>, Status> {
+    async fn user_get(
+        &self,
+        r: GrpcRequest<PbAuthUserGetRequest>,
+    ) -> Result<GrpcResponse<PbAuthUserGetResponse>, Status> {
         self.require_root(r.metadata())?;
         let state = self.read_auth().await?;
         let user = state.users.get(&r.get_ref().name).ok_or_else(|| AuthError::UserNotFound.status())?;
@@ -315,13 +333,19 @@ impl Api {
         Ok(GrpcResponse::new(PbAuthUserRevokeRoleResponse { header: Some(header) }))
     }
 
-    async fn role_add(&self, r: GrpcRequest<PbAuthRoleAddRequest>) -> Result<GrpcResponse<PbAuthRoleAddResponse>, Status> {
+    async fn role_add(
+        &self,
+        r: GrpcRequest<PbAuthRoleAddRequest>,
+    ) -> Result<GrpcResponse<PbAuthRoleAddResponse>, Status> {
         let stamp = self.require_root(r.metadata())?;
         let header = self.propose_auth(AuthOp::RoleAdd { name: r.into_inner().name }, stamp).await?;
         Ok(GrpcResponse::new(PbAuthRoleAddResponse { header: Some(header) }))
     }
 
-    async fn role_get(&self, r: GrpcRequest<PbAuthRoleGetRequest>) -> Result<GrpcResponse<PbAuthRoleGetResponse>, Status> {
+    async fn role_get(
+        &self,
+        r: GrpcRequest<PbAuthRoleGetRequest>,
+    ) -> Result<GrpcResponse<PbAuthRoleGetResponse>, Status> {
         self.require_root(r.metadata())?;
         let state = self.read_auth().await?;
         let name = &r.get_ref().role;

@@ -65,7 +65,12 @@ impl Api {
         Ok(())
     }
 
-    async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>, auth: AuthStamp) -> Result<T, Status> {
+    async fn propose<T: Message + Default>(
+        &self,
+        kind: RequestKind,
+        body: Vec<u8>,
+        auth: AuthStamp,
+    ) -> Result<T, Status> {
         self.check_size(body.len())?;
         match self.node.write(Request::with_auth(kind, body, auth)).await.map_err(node_status)? {
             Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),

@@ -263,15 +263,16 @@ impl StateMachine {
             Some(_) => Some(Mutex::new(Trace::open(fs.as_ref(), &dir.join("apply.trace"))?)),
             None => None,
         };
-        let sm =
-            StateMachine { shared: Arc::new(Shared {
-            db,
-            trace,
-            snaps,
-            progress: Mutex::new(progress),
-            applied_tx,
-            auth: parking_lot::RwLock::new(Arc::new(auth)),
-        }) };
+        let sm = StateMachine {
+            shared: Arc::new(Shared {
+                db,
+                trace,
+                snaps,
+                progress: Mutex::new(progress),
+                applied_tx,
+                auth: parking_lot::RwLock::new(Arc::new(auth)),
+            }),
+        };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
         // and the log before the snapshot may be purged. The snapshot file is durable, so
         // bring the store up to it before Raft asks what is applied.
@@ -314,7 +315,9 @@ impl StateMachine {
                 _ => None,
             };
             let response = match &entry.payload {
-                _ if refused.is_some() => Response::Err(ApplyError::Auth(refused.unwrap_or(AuthError::AuthOldRevision))),
+                _ if refused.is_some() => {
+                    Response::Err(ApplyError::Auth(refused.unwrap_or(AuthError::AuthOldRevision)))
+                }
                 EntryPayload::Blank => Response::Ok(Vec::new()),
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(log_id), m.clone()));
