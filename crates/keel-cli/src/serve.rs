@@ -53,6 +53,9 @@ pub struct ServeCommand {
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
+    /// Seconds an authentication token stays valid.
+    #[arg(long, default_value_t = 300)]
+    auth_token_ttl: u64,
     /// Path to the client server TLS cert file (PEM); used by https client URLs.
     #[arg(long)]
     cert_file: Option<PathBuf>,
@@ -110,6 +113,7 @@ impl ServeCommand {
             election_timeout: Duration::from_millis(self.election_timeout),
             snapshot_count: self.snapshot_count.max(1),
             max_request_bytes: self.max_request_bytes,
+            auth_token_ttl: Duration::from_secs(self.auth_token_ttl.max(1)),
             client_tls: TlsFiles {
                 cert_file: self.cert_file,
                 key_file: self.key_file,

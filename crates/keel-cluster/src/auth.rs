@@ -37,7 +37,7 @@ const SECRET_KEY: &[u8] = b"auth_secret";
 pub const ROOT: &str = "root";
 /// etcd's default bcrypt cost.
 pub const BCRYPT_COST: u32 = 10;
-/// etcd's `--auth-token-ttl` default, in seconds.
+/// etcd's `--auth-token-ttl` default, in seconds (`ServeConfig::auth_token_ttl`).
 pub const TOKEN_TTL_S: u64 = 300;
 
 /// etcd's permission types (authpb.Permission.Type).
@@ -451,11 +451,11 @@ impl AuthState {
         self.roles.insert(name.to_string(), role);
     }
 
-    /// A token for `user`, valid on every member until `now + TOKEN_TTL_S` or until the
+    /// A token for `user`, valid on every member for `ttl_s` seconds from `now_s` or until the
     /// user's password changes, the user is deleted, or auth is re-enabled (new key).
-    pub fn issue_token(&self, user: &str, now_s: u64) -> Option<String> {
+    pub fn issue_token(&self, user: &str, now_s: u64, ttl_s: u64) -> Option<String> {
         let u = self.users.get(user)?;
-        let expires = now_s + TOKEN_TTL_S;
+        let expires = now_s.saturating_add(ttl_s);
         let claim = format!("{}.{}.{}", hex(user.as_bytes()), u.since, expires);
         let mac = hmac_sha256(&self.secret, claim.as_bytes());
         Some(format!("keel.{claim}.{}", hex(&mac)))
@@ -689,7 +689,7 @@ mod tests {
     fn tokens_are_refused_after_a_password_change_a_delete_expiry_or_forgery() {
         let mut s = AuthState::default();
         s.apply(&AuthOp::UserAdd { name: "a.b".into(), password_hash: Some("h".into()), no_password: false }).unwrap();
-        let t = s.issue_token("a.b", 1000).unwrap();
+        let t = s.issue_token("a.b", 1000, TOKEN_TTL_S).unwrap();
         assert_eq!(s.verify_token(&t, 1000), Ok("a.b".into()));
         assert_eq!(s.verify_token(&t, 1000 + TOKEN_TTL_S), Err(AuthError::InvalidAuthToken));
         let forged = t.replace(&hex(b"a.b"), &hex(b"root"));

@@ -254,7 +254,9 @@ impl Api {
         if !ok {
             return Err(AuthError::AuthFailed.status());
         }
-        let token = state.issue_token(&r.name, now_s()).ok_or_else(|| AuthError::AuthFailed.status())?;
+        let token = state
+            .issue_token(&r.name, now_s(), self.node.config.auth_token_ttl.as_secs())
+            .ok_or_else(|| AuthError::AuthFailed.status())?;
         Ok(GrpcResponse::new(PbAuthenticateResponse { header: Some(self.header_now()), token }))
     }
 

@@ -21,11 +21,12 @@ fn config(dir: &Path, ip: &str, names: &[&str], i: usize) -> ServeConfig {
     common::member_config(dir, "http", ip, (24790, 24800), names, i, "auth")
 }
 
-async fn start_cluster(dir: &Path, ip: &str) -> Vec<Option<Server>> {
+async fn start_cluster(dir: &Path, ip: &str, token_ttl: Duration) -> Vec<Option<Server>> {
     let names = ["a1", "a2", "a3"];
     let mut servers = Vec::new();
     for i in 0..3 {
-        servers.push(Some(common::start_retrying(config(dir, ip, &names, i), 20).await));
+        let cfg = ServeConfig { auth_token_ttl: token_ttl, ..config(dir, ip, &names, i) };
+        servers.push(Some(common::start_retrying(cfg, 20).await));
     }
     common::wait_leader(&servers, 20).await;
     servers
@@ -103,7 +104,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 async fn auth_rules_permissions_and_tokens_hold_on_every_member() {
     let dir = tempfile::tempdir().unwrap();
     let ip = common::loopback_ip(70);
-    let servers = start_cluster(dir.path(), &ip).await;
+    let servers = start_cluster(dir.path(), &ip, Duration::from_secs(300)).await;
     let url = |i: usize| format!("http://{ip}:{}", 24790 + i);
     let mut open = client(&url(0), None).await.unwrap();
 
@@ -273,6 +274,40 @@ async fn auth_rules_permissions_and_tokens_hold_on_every_member() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_expires_after_the_token_ttl_on_every_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(71);
+    let servers = start_cluster(dir.path(), &ip, Duration::from_secs(2)).await;
+    let url = |i: usize| format!("http://{ip}:{}", 24790 + i);
+    let mut open = client(&url(0), None).await.unwrap();
+    open.user_add("root", "rootpw", None).await.unwrap();
+    open.user_grant_role("root", "root").await.unwrap();
+    open.auth_enable().await.unwrap();
+    let token = token_of(&url(0), "root", "rootpw").await;
+    let issued = Instant::now();
+    // Valid at once everywhere (it may take a member a moment to apply the enable).
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(s) = range_with_token(&url(i), &token, "k").await {
+            assert!(Instant::now() < deadline, "fresh token refused on member {i}: {s:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for i in 0..3 {
+        let s = wait_refused(&url(i), &token).await;
+        assert_eq!((s.code(), s.message()), (tonic::Code::Unauthenticated, "etcdserver: invalid auth token"));
+    }
+    // Not before the TTL (whole seconds: at least one second passed).
+    assert!(issued.elapsed() >= Duration::from_secs(1), "expired after {:?}", issued.elapsed());
+    // A new Authenticate gives a working token.
+    let fresh = token_of(&url(1), "root", "rootpw").await;
+    assert!(range_with_token(&url(1), &fresh, "k").await.is_ok());
     for s in servers.into_iter().flatten() {
         s.stop().await;
     }
