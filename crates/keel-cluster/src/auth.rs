@@ -33,6 +33,8 @@ pub const ROLES: &str = "auth_roles";
 const ENABLED_KEY: &[u8] = b"auth_enabled";
 const REVISION_KEY: &[u8] = b"auth_revision";
 const SECRET_KEY: &[u8] = b"auth_secret";
+/// The `meta` keys of the auth state (a restored member copies them with the two tables).
+pub const META_KEYS: [&[u8]; 3] = [ENABLED_KEY, REVISION_KEY, SECRET_KEY];
 /// The user and role etcd's root rules name.
 pub const ROOT: &str = "root";
 /// etcd's default bcrypt cost.

@@ -203,7 +203,7 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
 /// `checkpoint`, a `Maintenance.Snapshot` stream. The stream is installed into a scratch store
 /// first (which checks it whole); then only the keys and the revision and compaction point are
-/// copied into a fresh store. The old cluster's applied position (which the engine keeps with
+/// copied into a fresh store, with the auth tables (users, roles, enabled). The old cluster's applied position (which the engine keeps with
 /// the data and would refuse the new log's positions against), membership and published members
 /// stay behind, so the new cluster's log starts at its own first entry and revisions continue
 /// from the snapshot's. Checkpointed before returning (durable). Returns the revision.
@@ -229,7 +229,14 @@ pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Re
             in_txn = 0;
         }
     }
-    for key in [REV_KEY, COMPACT_KEY] {
+    // Users, roles and whether auth is on come along, as etcd's restore keeps its auth bucket.
+    for table in [crate::auth::USERS, crate::auth::ROLES] {
+        for item in from.scan(table, keeldb::ScanRange::all()).map_err(io_err)? {
+            let (key, value) = item.map_err(io_err)?;
+            txn.put(table, &key, &value).map_err(io_err)?;
+        }
+    }
+    for key in [REV_KEY, COMPACT_KEY].into_iter().chain(crate::auth::META_KEYS) {
         if let Some(v) = from.get(META, key).map_err(io_err)? {
             txn.put(META, key, &v).map_err(io_err)?;
         }
