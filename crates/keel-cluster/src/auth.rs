@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::mvcc::META;
+use crate::types::ApplyError;
 
 /// Users: name → bincode [`User`].
 pub const USERS: &str = "auth_users";
@@ -488,6 +489,15 @@ impl AuthState {
             _ => Err(bad),
         }
     }
+}
+
+/// Applies the body of a `RequestKind::Auth` entry to `state`: the state after it and the rows
+/// to write, or the error the entry ends with (nothing written).
+pub fn apply_entry(state: &AuthState, body: &[u8]) -> Result<(AuthState, Vec<Write>), ApplyError> {
+    let op: AuthOp = bincode::deserialize(body).map_err(|e| ApplyError::Invalid(format!("bad auth request: {e}")))?;
+    let mut next = state.clone();
+    let writes = next.apply(&op).map_err(ApplyError::Auth)?;
+    Ok((next, writes))
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).

@@ -28,7 +28,7 @@ use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
 use prost::Message;
 
-use crate::auth::{AuthError, AuthOp, AuthState};
+use crate::auth::{AuthError, AuthState};
 use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
 use crate::snapshot_file::{SnapshotFile, Snapshots};
@@ -203,10 +203,11 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
 /// `checkpoint`, a `Maintenance.Snapshot` stream. The stream is installed into a scratch store
 /// first (which checks it whole); then only the keys and the revision and compaction point are
-/// copied into a fresh store, with the auth tables (users, roles, enabled). The old cluster's applied position (which the engine keeps with
-/// the data and would refuse the new log's positions against), membership and published members
-/// stay behind, so the new cluster's log starts at its own first entry and revisions continue
-/// from the snapshot's. Checkpointed before returning (durable). Returns the revision.
+/// copied into a fresh store, with the auth tables (users, roles, enabled). The old cluster's
+/// applied position (which the engine keeps with the data and would refuse the new log's
+/// positions against), membership and published members stay behind, so the new cluster's log
+/// starts at its own first entry and revisions continue from the snapshot's. Checkpointed
+/// before returning (durable). Returns the revision.
 pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Result<i64> {
     let scratch_dir = dir.join("restore.scratch");
     let relaxed = Options { fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
@@ -341,25 +342,19 @@ impl StateMachine {
                     }
                 }
                 EntryPayload::Normal(req) if req.kind == RequestKind::Auth => {
-                    match bincode::deserialize::<AuthOp>(&req.body) {
-                        Ok(op) => {
-                            let mut next = (*auth).clone();
-                            match next.apply(&op) {
-                                Ok(writes) => {
-                                    for (table, key, value) in writes {
-                                        command = match value {
-                                            Some(v) => command.put(table, key, v),
-                                            None => command.delete(table, key),
-                                        };
-                                    }
-                                    auth = Arc::new(next);
-                                    auth_changed = true;
-                                    Response::Ok(Vec::new())
-                                }
-                                Err(e) => Response::Err(ApplyError::Auth(e)),
+                    match crate::auth::apply_entry(&auth, &req.body) {
+                        Ok((next, writes)) => {
+                            for (table, key, value) in writes {
+                                command = match value {
+                                    Some(v) => command.put(table, key, v),
+                                    None => command.delete(table, key),
+                                };
                             }
+                            auth = Arc::new(next);
+                            auth_changed = true;
+                            Response::Ok(Vec::new())
                         }
-                        Err(e) => Response::Err(ApplyError::Invalid(format!("bad auth request: {e}"))),
+                        Err(e) => Response::Err(e),
                     }
                 }
                 EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
