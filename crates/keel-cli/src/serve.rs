@@ -60,6 +60,9 @@ pub struct ServeCommand {
     /// History to keep before the leader compacts automatically; 0 never compacts.
     #[arg(long, default_value = "0")]
     auto_compaction_retention: String,
+    /// Seconds an authentication token stays valid.
+    #[arg(long, default_value_t = 300)]
+    auth_token_ttl: u64,
     /// Path to the client server TLS cert file (PEM); used by https client URLs.
     #[arg(long)]
     cert_file: Option<PathBuf>,
@@ -125,6 +128,7 @@ impl ServeCommand {
             election_timeout: Duration::from_millis(self.election_timeout),
             snapshot_count: self.snapshot_count.max(1),
             max_request_bytes: self.max_request_bytes,
+            auth_token_ttl: Duration::from_secs(self.auth_token_ttl.max(1)),
             client_tls: TlsFiles {
                 cert_file: self.cert_file,
                 key_file: self.key_file,

@@ -140,6 +140,8 @@ pub struct ServeConfig {
     pub snapshot_count: u64,
     /// Largest request a client may send (etcd's `--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// How long an auth token stays valid (etcd's `--auth-token-ttl`, 300 s).
+    pub auth_token_ttl: Duration,
     /// TLS for client traffic (`--cert-file`, `--key-file`, `--trusted-ca-file`,
     /// `--client-cert-auth`); used by the https URLs in `listen_client_urls`.
     pub client_tls: TlsFiles,
@@ -177,6 +179,7 @@ impl Default for ServeConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 10_000,
             max_request_bytes: 1536 * 1024,
+            auth_token_ttl: Duration::from_secs(crate::auth::TOKEN_TTL_S),
             client_tls: TlsFiles::default(),
             peer_tls: TlsFiles::default(),
             fs: Arc::new(StdFs),

@@ -1,5 +1,6 @@
 //! etcd's v3 gRPC API (KV, Cluster, Maintenance) on a [`Node`]. The Lease service is in
-//! `lease.rs`, Watch in `watch.rs`.
+//! `lease.rs`, Watch in `watch.rs`. Every KV request and every admin RPC is checked by
+//! `auth_api.rs` first.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use openraft::async_runtime::WatchReceiver;
 use prost::Message;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
+use crate::auth::AuthStamp;
+use crate::auth_api::KvCheck;
 use crate::mvcc;
 use crate::network::AdminRequest;
 use crate::node::{Node, NodeError};
@@ -46,6 +49,7 @@ pub(crate) fn apply_status(e: ApplyError) -> Status {
         ApplyError::KeyNotFound | ApplyError::Invalid(_) => Status::invalid_argument(e.to_string()),
         ApplyError::LeaseExist => Status::failed_precondition(e.to_string()),
         ApplyError::LeaseTtlTooLarge => Status::out_of_range(e.to_string()),
+        ApplyError::Auth(e) => e.status(),
     }
 }
 
@@ -71,9 +75,14 @@ impl Api {
         Ok(())
     }
 
-    pub(crate) async fn propose<T: Message + Default>(&self, kind: RequestKind, body: Vec<u8>) -> Result<T, Status> {
+    pub(crate) async fn propose<T: Message + Default>(
+        &self,
+        kind: RequestKind,
+        body: Vec<u8>,
+        auth: AuthStamp,
+    ) -> Result<T, Status> {
         self.check_size(body.len())?;
-        match self.node.write(Request::new(kind, body)).await.map_err(node_status)? {
+        match self.node.write(Request::with_auth(kind, body, auth)).await.map_err(node_status)? {
             Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
             Response::Err(e) => Err(apply_status(e)),
         }
@@ -138,6 +147,7 @@ impl Api {
 #[tonic::async_trait]
 impl PbKvService for Api {
     async fn range(&self, request: GrpcRequest<PbRangeRequest>) -> Result<GrpcResponse<PbRangeResponse>, Status> {
+        self.authorize_kv(request.metadata(), KvCheck::Range(request.get_ref()))?;
         Ok(GrpcResponse::new(self.range_inner(request.get_ref()).await?))
     }
 
@@ -151,11 +161,12 @@ impl PbKvService for Api {
     }
 
     async fn put(&self, request: GrpcRequest<PbPutRequest>) -> Result<GrpcResponse<PbPutResponse>, Status> {
+        let auth = self.authorize_kv(request.metadata(), KvCheck::Put(request.get_ref()))?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
-        let mut resp: PbPutResponse = self.propose(RequestKind::Put, req.encode_to_vec()).await?;
+        let mut resp: PbPutResponse = self.propose(RequestKind::Put, req.encode_to_vec(), auth).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
@@ -164,21 +175,23 @@ impl PbKvService for Api {
         &self,
         request: GrpcRequest<PbDeleteRequest>,
     ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
+        let auth = self.authorize_kv(request.metadata(), KvCheck::Delete(request.get_ref()))?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
-        let mut resp: PbDeleteResponse = self.propose(RequestKind::DeleteRange, req.encode_to_vec()).await?;
+        let mut resp: PbDeleteResponse = self.propose(RequestKind::DeleteRange, req.encode_to_vec(), auth).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
 
     async fn txn(&self, request: GrpcRequest<PbTxnRequest>) -> Result<GrpcResponse<PbTxnResponse>, Status> {
+        let auth = self.authorize_kv(request.metadata(), KvCheck::Txn(request.get_ref()))?;
         let req = request.into_inner();
         mvcc::check_txn(&req).map_err(apply_status)?;
         let writes = has_writes(&req.success) || has_writes(&req.failure);
         let mut resp: PbTxnResponse = if writes {
-            self.propose(RequestKind::Txn, req.encode_to_vec()).await?
+            self.propose(RequestKind::Txn, req.encode_to_vec(), auth).await?
         } else {
             // A read-only txn is served like a linearizable range: no log entry.
             self.node.read_barrier().await.map_err(node_status)?;
@@ -202,8 +215,9 @@ impl PbKvService for Api {
         &self,
         request: GrpcRequest<PbCompactionRequest>,
     ) -> Result<GrpcResponse<PbCompactionResponse>, Status> {
+        let auth = self.require_root(request.metadata())?;
         let req = request.into_inner();
-        let mut resp: PbCompactionResponse = self.propose(RequestKind::Compact, req.encode_to_vec()).await?;
+        let mut resp: PbCompactionResponse = self.propose(RequestKind::Compact, req.encode_to_vec(), auth).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
@@ -223,6 +237,7 @@ impl PbClusterService for Api {
         &self,
         request: GrpcRequest<PbMemberAddRequest>,
     ) -> Result<GrpcResponse<PbMemberAddResponse>, Status> {
+        self.require_root(request.metadata())?;
         let req = request.into_inner();
         if req.peer_ur_ls.is_empty() {
             return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
@@ -246,6 +261,7 @@ impl PbClusterService for Api {
         &self,
         request: GrpcRequest<PbMemberRemoveRequest>,
     ) -> Result<GrpcResponse<PbMemberRemoveResponse>, Status> {
+        self.require_root(request.metadata())?;
         let id = request.into_inner().id;
         if !self.node.members().iter().any(|(i, _, _)| *i == id) {
             return Err(Status::not_found("etcdserver: member not found"));
@@ -275,6 +291,7 @@ impl PbClusterService for Api {
         &self,
         request: GrpcRequest<PbMemberPromoteRequest>,
     ) -> Result<GrpcResponse<PbMemberPromoteResponse>, Status> {
+        self.require_root(request.metadata())?;
         let id = request.into_inner().id;
         if !self.node.members().iter().any(|(i, _, _)| *i == id) {
             return Err(Status::not_found("etcdserver: member not found"));
@@ -329,18 +346,21 @@ impl PbMaintenanceService for Api {
 
     async fn defragment(
         &self,
-        _request: GrpcRequest<PbDefragmentRequest>,
+        request: GrpcRequest<PbDefragmentRequest>,
     ) -> Result<GrpcResponse<PbDefragmentResponse>, Status> {
+        self.require_root(request.metadata())?;
         // Nothing to defragment: checkpoints rewrite the store compactly.
         Ok(GrpcResponse::new(PbDefragmentResponse { header: Some(self.header(0)) }))
     }
 
-    async fn hash(&self, _request: GrpcRequest<PbHashRequest>) -> Result<GrpcResponse<PbHashResponse>, Status> {
+    async fn hash(&self, request: GrpcRequest<PbHashRequest>) -> Result<GrpcResponse<PbHashResponse>, Status> {
+        self.require_root(request.metadata())?;
         let d = self.node.sm.db.digest();
         Ok(GrpcResponse::new(PbHashResponse { header: Some(self.header(0)), hash: fold_digest(&format!("{d:?}")) }))
     }
 
     async fn hash_kv(&self, request: GrpcRequest<PbHashKvRequest>) -> Result<GrpcResponse<PbHashKvResponse>, Status> {
+        self.require_root(request.metadata())?;
         let rev = request.into_inner().revision;
         let sm = Arc::clone(&self.node.sm);
         let (hash, at, compact) = tokio::task::spawn_blocking(move || -> Result<(u32, i64, i64), ApplyError> {
@@ -370,8 +390,9 @@ impl PbMaintenanceService for Api {
 
     async fn snapshot(
         &self,
-        _request: GrpcRequest<PbSnapshotRequest>,
+        request: GrpcRequest<PbSnapshotRequest>,
     ) -> Result<GrpcResponse<Self::SnapshotStream>, Status> {
+        self.require_root(request.metadata())?;
         // One consistent checkpoint of this member's state (as of its last applied entry),
         // exported off the runtime into a temporary file, then streamed from it in 64 KiB
         // pieces, hashed on the way (the backup layout is in `backup.rs`); the file is removed
@@ -429,6 +450,7 @@ impl PbMaintenanceService for Api {
         &self,
         request: GrpcRequest<PbMoveLeaderRequest>,
     ) -> Result<GrpcResponse<PbMoveLeaderResponse>, Status> {
+        self.require_root(request.metadata())?;
         let target = request.into_inner().target_id;
         if self.node.leader() != Some(self.node.id) {
             return Err(Status::failed_precondition("etcdserver: not leader"));
@@ -472,4 +494,3 @@ impl Fold {
         (self.0 ^ (self.0 >> 32)) as u32
     }
 }
-

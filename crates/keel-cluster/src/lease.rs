@@ -572,6 +572,7 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<PbLeaseGrantRequest>,
     ) -> Result<GrpcResponse<PbLeaseGrantResponse>, Status> {
+        let stamp = self.stamp(request.metadata())?;
         let mut req = request.into_inner();
         if req.ttl > MAX_TTL_SECS {
             return Err(apply_status(ApplyError::LeaseTtlTooLarge));
@@ -583,7 +584,10 @@ impl PbLeaseService for Api {
             if chosen {
                 req.id = self.node.sm.lessor.choose_id(self.node.id);
             }
-            match self.propose::<PbLeaseGrantResponse>(RequestKind::LeaseGrant, req.encode_to_vec()).await {
+            match self
+                .propose::<PbLeaseGrantResponse>(RequestKind::LeaseGrant, req.encode_to_vec(), stamp.clone())
+                .await
+            {
                 Err(e) if chosen && e.message() == ApplyError::LeaseExist.to_string() => continue,
                 Err(e) => return Err(e),
                 Ok(mut resp) => {
@@ -599,8 +603,26 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<PbLeaseRevokeRequest>,
     ) -> Result<GrpcResponse<PbLeaseRevokeResponse>, Status> {
+        let (state, user) = self.caller(request.metadata())?;
         let req = request.into_inner();
-        let mut resp: PbLeaseRevokeResponse = self.propose(RequestKind::LeaseRevoke, req.encode_to_vec()).await?;
+        if state.enabled {
+            // etcd: revoking needs write permission on every key attached to the lease.
+            let sm = Arc::clone(&self.node.sm);
+            let id = req.id;
+            let keys = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u8>>, ApplyError> {
+                let txn = sm.db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+                stored_keys(&txn, id)
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(apply_status)?;
+            for key in &keys {
+                crate::auth_api::check(&state, user.as_deref(), key, &[], crate::auth::Perm::Write)?;
+            }
+        }
+        let stamp = crate::auth::AuthStamp { user, revision: state.revision };
+        let mut resp: PbLeaseRevokeResponse =
+            self.propose(RequestKind::LeaseRevoke, req.encode_to_vec(), stamp).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
@@ -611,6 +633,7 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<tonic::Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<GrpcResponse<Self::LeaseKeepAliveStream>, Status> {
+        self.caller(request.metadata())?;
         let api = self.clone();
         let answers = request
             .into_inner()
@@ -626,6 +649,7 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<PbLeaseTimeToLiveRequest>,
     ) -> Result<GrpcResponse<PbLeaseTimeToLiveResponse>, Status> {
+        self.caller(request.metadata())?;
         let req = request.into_inner();
         let ask = PeerRequest::LeaseTimeToLive { id: req.id, keys: req.keys };
         let standing = match self.node.to_leader(ask).await.map_err(node_status)? {
@@ -649,8 +673,9 @@ impl PbLeaseService for Api {
 
     async fn lease_leases(
         &self,
-        _request: GrpcRequest<PbLeaseLeasesRequest>,
+        request: GrpcRequest<PbLeaseLeasesRequest>,
     ) -> Result<GrpcResponse<PbLeaseLeasesResponse>, Status> {
+        self.caller(request.metadata())?;
         self.node.read_barrier().await.map_err(node_status)?;
         let sm = Arc::clone(&self.node.sm);
         let leases = tokio::task::spawn_blocking(move || -> Result<Vec<(i64, i64)>, ApplyError> {

@@ -4,6 +4,8 @@
 //!
 //! See `docs/design/replication.md` for the failure cases and `docs/CLUSTER.md` for operation.
 
+pub mod auth;
+pub mod auth_api;
 pub mod backup;
 pub mod compactor;
 pub mod config;
@@ -91,7 +93,8 @@ impl Server {
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))
                 .add_service(PbWatchServer::new(watch.clone()))
-                .add_service(PbLeaseServer::new(api.clone()));
+                .add_service(PbLeaseServer::new(api.clone()))
+                .add_service(auth_api::AuthServer::new(api.clone()));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
             tasks.push(tokio::spawn(async move {

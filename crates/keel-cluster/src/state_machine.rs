@@ -28,6 +28,7 @@ use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
 use prost::Message;
 
+use crate::auth::{AuthError, AuthState};
 use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
 use crate::snapshot_file::{SnapshotFile, Snapshots};
@@ -96,6 +97,9 @@ pub struct Shared {
     pub applied_tx: tokio::sync::watch::Sender<u64>,
     /// Lease deadlines while this member leads (`lease.rs`); told of applied grants and revokes.
     pub lessor: crate::lease::Lessor,
+    /// The auth state as of the last applied entry (its rows are in the store; this is the
+    /// copy the API checks requests against).
+    pub auth: parking_lot::RwLock<Arc<AuthState>>,
 }
 
 impl Shared {
@@ -215,11 +219,12 @@ fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
 
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
 /// `checkpoint`, a `Maintenance.Snapshot` stream. The stream is installed into a scratch store
-/// first (which checks it whole); then only the keys, the leases and the revision and compaction point are
-/// copied into a fresh store. The old cluster's applied position (which the engine keeps with
-/// the data and would refuse the new log's positions against), membership and published members
-/// stay behind, so the new cluster's log starts at its own first entry and revisions continue
-/// from the snapshot's. Checkpointed before returning (durable). Returns the revision.
+/// first (which checks it whole); then only the keys, the leases, the auth tables (users, roles,
+/// enabled) and the revision and compaction point are copied into a fresh store. The old
+/// cluster's applied position (which the engine keeps with the data and would refuse the new
+/// log's positions against), membership and published members stay behind, so the new cluster's
+/// log starts at its own first entry and revisions continue from the snapshot's. Checkpointed
+/// before returning (durable). Returns the revision.
 pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Result<i64> {
     let scratch_dir = dir.join("restore.scratch");
     let relaxed = Options { fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
@@ -246,7 +251,14 @@ pub fn restore(dir: &Path, checkpoint: &[u8], fs: Arc<dyn FileSystem>) -> io::Re
             in_txn = 0;
         }
     }
-    for key in [REV_KEY, COMPACT_KEY] {
+    // Users, roles and whether auth is on come along, as etcd's restore keeps its auth bucket.
+    for table in [crate::auth::USERS, crate::auth::ROLES] {
+        for item in from.scan(table, keeldb::ScanRange::all()).map_err(io_err)? {
+            let (key, value) = item.map_err(io_err)?;
+            txn.put(table, &key, &value).map_err(io_err)?;
+        }
+    }
+    for key in [REV_KEY, COMPACT_KEY].into_iter().chain(crate::auth::META_KEYS) {
         if let Some(v) = from.get(META, key).map_err(io_err)? {
             txn.put(META, key, &v).map_err(io_err)?;
         }
@@ -270,6 +282,7 @@ impl StateMachine {
         let db = Database::open(dir.join("store"), options).map_err(io_err)?;
         let txn = db.begin_read().map_err(io_err)?;
         let progress = progress_of(&txn)?;
+        let auth = AuthState::load(&txn).map_err(io_err)?;
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
         let (applied_tx, _) = tokio::sync::watch::channel(applied);
@@ -287,6 +300,7 @@ impl StateMachine {
                 progress: Mutex::new(progress),
                 applied_tx,
                 lessor: crate::lease::Lessor::new(),
+                auth: parking_lot::RwLock::new(Arc::new(auth)),
             }),
         };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
@@ -313,6 +327,9 @@ impl StateMachine {
         };
         let mut snapshot = db.begin_read().map_err(io_err)?;
         let mut view = mvcc::Overlay::new(&mut snapshot);
+        // The auth state as the entries before each one leave it; copied only if one changes it.
+        let mut auth = Arc::clone(&self.shared.auth.read());
+        let mut auth_changed = false;
         let mut commands = Vec::with_capacity(entries.len());
         // Per entry: response, revision it took (if it wrote), new compaction point, membership.
         let mut planned = Vec::with_capacity(entries.len());
@@ -322,7 +339,15 @@ impl StateMachine {
             let mut command = keeldb::Command::new();
             let mut new_compact = None;
             let mut membership = None;
+            // A request checked against an auth state that has changed since is refused whole.
+            let refused = match &entry.payload {
+                EntryPayload::Normal(req) if req.kind != RequestKind::Publish => auth.admit(req.auth.as_ref()).err(),
+                _ => None,
+            };
             let response = match &entry.payload {
+                _ if refused.is_some() => {
+                    Response::Err(ApplyError::Auth(refused.unwrap_or(AuthError::AuthOldRevision)))
+                }
                 EntryPayload::Blank => Response::Ok(Vec::new()),
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(log_id), m.clone()));
@@ -336,6 +361,22 @@ impl StateMachine {
                             Response::Ok(Vec::new())
                         }
                         Err(e) => Response::Err(ApplyError::Invalid(format!("bad member attributes: {e}"))),
+                    }
+                }
+                EntryPayload::Normal(req) if req.kind == RequestKind::Auth => {
+                    match crate::auth::apply_entry(&auth, &req.body) {
+                        Ok((next, writes)) => {
+                            for (table, key, value) in writes {
+                                command = match value {
+                                    Some(v) => command.put(table, key, v),
+                                    None => command.delete(table, key),
+                                };
+                            }
+                            auth = Arc::new(next);
+                            auth_changed = true;
+                            Response::Ok(Vec::new())
+                        }
+                        Err(e) => Response::Err(e),
                     }
                 }
                 EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
@@ -423,6 +464,9 @@ impl StateMachine {
             self.trace(entry, response);
         }
         crate::lease::applied(&self.shared.lessor, entries, &responses);
+        if auth_changed {
+            *self.shared.auth.write() = auth;
+        }
         if let Some(ts) = compact_ts {
             // Frees history below the compacted revision (etcd's compaction).
             let _ = db.retain_history_since(ts);
@@ -462,6 +506,7 @@ impl StateMachine {
         if progress.applied != meta.last_log_id {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
         }
+        *self.shared.auth.write() = Arc::new(AuthState::load(&txn).map_err(io_err)?);
         let applied = progress.applied.map_or(0, |a| a.index);
         *self.shared.progress.lock() = progress;
         if let Some(t) = &self.shared.trace {
@@ -511,7 +556,7 @@ fn execute(
             }
             Ok((resp.encode_to_vec(), None))
         }
-        RequestKind::Publish => Err(ApplyError::Invalid("member attributes applied elsewhere".into())),
+        RequestKind::Publish | RequestKind::Auth => Err(ApplyError::Invalid("applied elsewhere".into())),
         RequestKind::LeaseGrant => {
             let r = etcd_client::proto::PbLeaseGrantRequest::decode(req.body.as_slice()).map_err(bad)?;
             Ok((crate::lease::grant(w.txn, &r, revision)?.encode_to_vec(), None))

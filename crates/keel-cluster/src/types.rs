@@ -66,6 +66,8 @@ pub enum RequestKind {
     /// `etcdserverpb.LeaseRevokeRequest`, from a client or from the leader's expiry; deletes
     /// the lease's keys in one revision (none if it has no keys).
     LeaseRevoke,
+    /// A change of users, roles or permissions (bincode `auth::AuthOp`); takes no revision.
+    Auth,
 }
 
 /// A log entry's payload: one etcd write request.
@@ -75,13 +77,22 @@ pub struct Request {
     pub kind: RequestKind,
     /// The protobuf-encoded request.
     pub body: Vec<u8>,
+    /// Who sent it and the auth revision its permissions were checked at (`None`: an internal
+    /// request, or one proposed before auth existed).
+    #[serde(default)]
+    pub auth: Option<crate::auth::AuthStamp>,
 }
 
 impl Request {
     /// A request of `kind` with its protobuf body. (Every request is built here, so that fields
     /// added later, such as who sent it, get one default.)
     pub fn new(kind: RequestKind, body: Vec<u8>) -> Request {
-        Request { kind, body }
+        Request { kind, body, auth: None }
+    }
+
+    /// A client's request, stamped with who sent it and the auth revision it was checked at.
+    pub fn with_auth(kind: RequestKind, body: Vec<u8>, auth: crate::auth::AuthStamp) -> Request {
+        Request { auth: Some(auth), ..Request::new(kind, body) }
     }
 }
 
@@ -127,4 +138,7 @@ pub enum ApplyError {
     /// etcd `ErrLeaseTTLTooLarge`: a grant over `lease::MAX_TTL_SECS`.
     #[error("etcdserver: too large lease TTL")]
     LeaseTtlTooLarge,
+    /// Refused by authentication or authorization (etcd's auth errors).
+    #[error("{0}")]
+    Auth(crate::auth::AuthError),
 }

@@ -73,6 +73,10 @@ impl PbWatchService for WatchService {
         &self,
         request: GrpcRequest<tonic::Streaming<PbWatchRequest>>,
     ) -> Result<GrpcResponse<Self::WatchStream>, Status> {
+        // With auth on, the stream's token must name a user; each create is then checked for
+        // read permission on its range (etcd checks at create, as here).
+        let state = Arc::clone(&self.node.sm.auth.read());
+        let (auth, user) = crate::auth_api::caller_in(state, request.metadata())?;
         let requests = request.into_inner();
         let Some((id, inbox, victims)) = self.hub.open_stream(INBOX_DELIVERIES) else {
             return Err(Status::unavailable("etcdserver: server stopped"));
@@ -91,6 +95,8 @@ impl PbWatchService for WatchService {
             next_id: 0,
             progress_pending: false,
             seen_rev: 0,
+            auth,
+            user,
         };
         tokio::spawn(session.run(requests));
         Ok(GrpcResponse::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx))))
@@ -149,6 +155,9 @@ struct Session {
     progress_pending: bool,
     /// The newest revision of any delivery handled.
     seen_rev: i64,
+    /// The auth state when the stream opened and its user (`None` while auth is off).
+    auth: Arc<crate::auth::AuthState>,
+    user: Option<String>,
 }
 
 impl Session {
@@ -300,6 +309,11 @@ impl Session {
         let Some(span) = Span::new(&c.key, &c.range_end) else {
             return self.refuse(ERR_EMPTY_RANGE).await;
         };
+        if let Err(denied) =
+            crate::auth_api::check(&self.auth, self.user.as_deref(), &c.key, &c.range_end, crate::auth::Perm::Read)
+        {
+            return self.refuse(denied.message()).await;
+        }
         let id = if c.watch_id != 0 {
             if self.by_id.contains_key(&c.watch_id) {
                 return self.refuse(ERR_DUPLICATE_ID).await;
