@@ -16,7 +16,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::proto::{PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService};
+use etcd_client::proto::{
+    PbEvent, PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService,
+};
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
@@ -31,6 +33,8 @@ use crate::node::Node;
 const INBOX_DELIVERIES: usize = 64;
 /// Deliveries merged into one response per watcher when they queue up.
 const MERGE_DELIVERIES: usize = 32;
+/// Event bytes merged that way (at least one delivery, whatever its size).
+const MERGE_BYTES: usize = 256 << 10;
 /// Responses queued for the client before the stream task waits for it.
 const OUT_RESPONSES: usize = 16;
 /// Changes a behind watcher reads from the feed per catch-up step.
@@ -398,11 +402,11 @@ impl Session {
     /// deliveries queued behind it: one response per watcher for all of them (fewer, larger
     /// responses when the client or this task lags, as etcd's catch-up sends).
     async fn deliver(&mut self, first: Delivery) -> Result<(), Gone> {
-        // Merged up to about 1 MiB of events, so a response stays well under the 4 MiB a
-        // gRPC client takes by default.
+        // Merged up to about 256 KiB of events: a response stays well under the 4 MiB a gRPC
+        // client takes by default, and the 16 queued for a slow client hold a few MiB.
         let mut bytes = delivery_bytes(&first);
         let mut queue = vec![first];
-        while queue.len() < MERGE_DELIVERIES && bytes < CATCH_UP_BYTES {
+        while queue.len() < MERGE_DELIVERIES && bytes < MERGE_BYTES {
             match self.inbox.try_recv() {
                 Ok(d) => {
                     bytes += delivery_bytes(&d);
@@ -415,7 +419,7 @@ impl Session {
         self.seen_rev = self.seen_rev.max(revision);
         let db = &self.node.sm.db;
         let mut order: Vec<u64> = Vec::new();
-        let mut per: HashMap<u64, Vec<etcd_client::proto::PbEvent>> = HashMap::new();
+        let mut per: HashMap<u64, Vec<PbEvent>> = HashMap::new();
         for d in &queue {
             for hit in &d.hits {
                 let Some(w) = self.watchers.get_mut(&hit.token) else { continue };
@@ -437,8 +441,18 @@ impl Session {
         for token in order {
             let (Some(w), Some(events)) = (self.watchers.get(&token), per.remove(&token)) else { continue };
             let (id, fragment) = (w.id, w.fragment);
-            let resp = PbWatchResponse { header: self.header(revision), watch_id: id, events, ..Default::default() };
-            self.send_events(resp, fragment).await?;
+            let parts = split_at_revisions(events, MERGE_BYTES);
+            let n = parts.len();
+            for (i, events) in parts.into_iter().enumerate() {
+                // A part that is not the last one covers this watcher up to its last event.
+                let at = if i + 1 == n {
+                    revision
+                } else {
+                    events.last().and_then(|e| e.kv.as_ref()).map_or(revision, |kv| kv.mod_revision)
+                };
+                let resp = PbWatchResponse { header: self.header(at), watch_id: id, events, ..Default::default() };
+                self.send_events(resp, fragment).await?;
+            }
         }
         Ok(())
     }
@@ -593,6 +607,28 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Splits one watcher's events (in revision order) into parts of about `max` bytes, only
+/// between revisions: a revision's events always travel in one response (unless the watcher
+/// asked for fragments).
+fn split_at_revisions(events: Vec<PbEvent>, max: usize) -> Vec<Vec<PbEvent>> {
+    let mut parts = Vec::new();
+    let mut part: Vec<PbEvent> = Vec::new();
+    let mut bytes = 0usize;
+    let rev = |e: &PbEvent| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+    for e in events {
+        if bytes >= max && part.last().is_some_and(|last| rev(last) != rev(&e)) {
+            parts.push(std::mem::take(&mut part));
+            bytes = 0;
+        }
+        bytes += e.kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len());
+        part.push(e);
+    }
+    if !part.is_empty() || parts.is_empty() {
+        parts.push(part);
+    }
+    parts
 }
 
 /// Key and value bytes a delivery carries to this stream's watchers.
