@@ -313,7 +313,9 @@ fn open_new_segment(inner: &Inner, marker: &Marker) -> Result<WalWriter> {
         last_ts: marker.ckpt_ts,
     };
     let segment_bytes_max = inner.options.wal_segment_bytes.max(4096);
-    Ok(WalWriter::resume(Arc::clone(&inner.fs), &inner.path, file, info, Vec::new(), segment_bytes_max))
+    // `complete` created it with its header only; nothing has been written after it since.
+    let allocated = wal::SEGMENT_HEADER_BYTES;
+    Ok(WalWriter::resume(Arc::clone(&inner.fs), &inner.path, file, info, allocated, Vec::new(), segment_bytes_max))
 }
 
 #[cfg(test)]

@@ -200,6 +200,9 @@ pub(crate) struct Analysis {
     pub mark_digest: Option<u128>,
     /// The largest durable claim found in the log (every frame byte before it was synced).
     pub max_claim: u64,
+    /// Zero bytes after the newest segment's last frame, when that is how the file ends
+    /// (preallocated space the writer may keep; 0 after a tear).
+    pub zero_tail: u64,
     pub report: RecoveryReport,
 }
 
@@ -279,6 +282,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
     let mut max_claim = marker.map_or(0, |m| m.end_lsn);
     let mut tear = None;
     let mut mark_digest = None;
+    let mut zero_tail = 0;
     let count = segment_names.len();
 
     for (i, (seq, name)) in segment_names.into_iter().enumerate() {
@@ -381,6 +385,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
             }
         }
         let seg_end_lsn = header.start_lsn + (scan.valid_end - wal::SEGMENT_HEADER_BYTES);
+        // Zeros after the frames end the segment (preallocated space). In a sealed segment the
+        // next one's start LSN, checked below, proves no frame was lost to them.
+        zero_tail = scan.zero_tail;
         if let Some(bad) = &scan.bad {
             let claim = max_claim.max(scan.later_max_durable_lsn);
             if !is_last || bad.lsn < claim {
@@ -439,6 +446,9 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
         }
     }
     report.clean_shutdown = mark_digest.is_some() && tear.is_none();
+    if tear.is_some() {
+        zero_tail = 0;
+    }
     report.last_ts = last_ts;
     report.duration = started.elapsed();
     Ok(Analysis {
@@ -451,6 +461,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path) -> Result<Analysis> {
         corrupt_checkpoints,
         mark_digest,
         max_claim,
+        zero_tail,
         report,
     })
 }
@@ -508,16 +519,23 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
         Some(last) => {
             let file = fs.open(&last.path, OpenMode::ReadWrite).map_err(|e| Error::io(&last.path, e))?;
             let valid_len = wal::SEGMENT_HEADER_BYTES + (last.end_lsn - last.start_lsn);
-            // Exactly the valid frames: cut a torn tail, or extend over a last frame's torn
-            // zero padding so the next frame starts aligned.
-            if file.len().map_err(|e| Error::io(&last.path, e))? != valid_len {
-                file.set_len(valid_len).map_err(|e| Error::io(&last.path, e))?;
-            }
             // Only after a failed fsync can the page cache hold WAL bytes the disk never got;
             // then (and only then: rewriting puts the last synced batch at risk for a moment)
             // the unclaimed tail is written again so this sync really persists it.
             let marker = dir.join(POISON_MARKER);
             let poisoned_before = fs.exists(&marker).map_err(|e| Error::io(&marker, e))?;
+            // Exactly the valid frames, plus the zeros after them when the log ended cleanly
+            // in preallocated space (kept: the writer resumes into them). Anything else after
+            // the frames (a torn tail, frames after a gap) is cut, and so is every zero tail
+            // of a poisoned store: after a failed fsync the page cache may show zeros or
+            // frames the disk never got. Then extend over a last frame's torn zero padding so
+            // the next frame starts aligned.
+            let len = file.len().map_err(|e| Error::io(&last.path, e))?;
+            let keep = !poisoned_before && a.zero_tail > 0 && len == valid_len + a.zero_tail;
+            let allocated = if keep { len } else { valid_len };
+            if len != allocated {
+                file.set_len(allocated).map_err(|e| Error::io(&last.path, e))?;
+            }
             // A marker whose LSN cannot be read lost its (unsynced) contents to a power loss,
             // which also emptied the page cache that could have lied: nothing to rewrite.
             let synced = if poisoned_before { read_marker_lsn(fs.as_ref(), &marker) } else { None };
@@ -532,7 +550,7 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
                 rewrite_unclaimed_tail(file.as_ref(), &last, a.max_claim.max(synced))?;
             }
             file.sync_data().map_err(|e| Error::io(&last.path, e))?;
-            let writer = WalWriter::resume(Arc::clone(fs), dir, file, last, sealed, segment_bytes_max);
+            let writer = WalWriter::resume(Arc::clone(fs), dir, file, last, allocated, sealed, segment_bytes_max);
             if poisoned_before {
                 fs.remove_file(&marker).map_err(|e| Error::io(&marker, e))?;
                 fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;

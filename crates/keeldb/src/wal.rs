@@ -341,6 +341,9 @@ pub(crate) struct SegmentScan<'a> {
     /// Valid frames found after `bad` (their number and the largest durable claim among them).
     pub later_valid_frames: u64,
     pub later_max_durable_lsn: u64,
+    /// Zero bytes after the last valid frame when everything from there to the end of the file
+    /// is zero: preallocated space, the clean end of the log (then `bad` is `None`).
+    pub zero_tail: u64,
 }
 
 fn check_frame(bytes: &[u8], pos: usize, expect_lsn: u64) -> std::result::Result<(FrameHeader, &[u8]), &'static str> {
@@ -375,12 +378,16 @@ pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
                 frames.push(ScannedFrame { header, offset: pos as u64, payload });
                 pos += frame_bytes(header.payload_len);
             }
+            Err(_) if is_all_zero(bytes.get(pos..).unwrap_or_default()) => break,
             Err(reason) => {
                 bad = Some(BadFrame { offset: pos as u64, lsn: lsn_at(pos), reason });
                 break;
             }
         }
     }
+    // Preallocated space (zeros written ahead of the log) ends the log cleanly; see
+    // "Preallocated segment space" in docs/design/recovery.md for why only all zeros may.
+    let zero_tail = if bad.is_none() { (bytes.len() as u64).saturating_sub(pos as u64) } else { 0 };
     let mut later_valid_frames = 0;
     let mut later_max_durable_lsn = 0;
     if let Some(b) = &bad {
@@ -399,7 +406,14 @@ pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
     // `pos` may lie past the end of the file when a tear cut only the last frame's zero
     // padding: that frame is whole, and the log continues at the aligned offset (recovery
     // extends the file to it), so frame positions and LSNs stay aligned.
-    SegmentScan { frames, valid_end: pos as u64, bad, later_valid_frames, later_max_durable_lsn }
+    SegmentScan { frames, valid_end: pos as u64, bad, later_valid_frames, later_max_durable_lsn, zero_tail }
+}
+
+fn is_all_zero(bytes: &[u8]) -> bool {
+    // Eight bytes at a time: a 1 MiB tail is read on every open.
+    let words = bytes.chunks_exact(8);
+    let rest = words.remainder();
+    words.into_iter().all(|w| w == [0u8; 8]) && rest.iter().all(|&b| b == 0)
 }
 
 #[cfg(test)]
@@ -467,6 +481,33 @@ mod tests {
         let scan = scan_segment(&bytes, 0);
         assert_eq!(scan.frames.len(), 1);
         assert_eq!(scan.bad.as_ref().map(|b| b.offset), Some(second as u64));
+        assert_eq!(scan.later_valid_frames, 1);
+    }
+
+    #[test]
+    fn zeros_after_the_last_frame_end_the_log_but_anything_else_is_a_bad_frame() {
+        let mut bytes = segment_with(&[(1, payload(1)), (2, payload(2))], 0);
+        let end = bytes.len();
+        bytes.resize(end + 4096 + 3, 0);
+        let scan = scan_segment(&bytes, 0);
+        assert!(scan.bad.is_none());
+        assert_eq!((scan.frames.len(), scan.valid_end, scan.zero_tail), (2, end as u64, 4099));
+        // One nonzero byte anywhere in the zeros, even the last: a bad frame at the end.
+        for at in [end, end + 40, bytes.len() - 1] {
+            let mut b = bytes.clone();
+            b[at] = 1;
+            let scan = scan_segment(&b, 0);
+            assert_eq!(scan.bad.as_ref().map(|b| b.offset), Some(end as u64), "nonzero byte at {at}");
+            assert_eq!(scan.zero_tail, 0);
+        }
+        // A frame after zeros (a lost frame, a later one kept) is a bad frame, found later.
+        let mut b = bytes.clone();
+        let mut later = Vec::new();
+        encode_frame(&mut later, 1000, 0, 9, &payload(9), crc32c::crc32c(&payload(9)));
+        let at = SEGMENT_HEADER_BYTES as usize + 1000; // LSN 1000 at its position
+        b[at..at + later.len()].copy_from_slice(&later);
+        let scan = scan_segment(&b, 0);
+        assert_eq!(scan.bad.as_ref().map(|b| b.offset), Some(end as u64));
         assert_eq!(scan.later_valid_frames, 1);
     }
 

@@ -5,6 +5,12 @@
 //! `wal.rs`), never decides when to sync a batch (the committer does), and never reads the
 //! log back (only recovery and verify do). Every segment but the newest is fdatasynced before
 //! the next one is created, so every sealed segment is entirely durable.
+//!
+//! The newest segment keeps zeros written ahead of the log's end ([`PREALLOCATE_BYTES`] at a
+//! time, carried by the write of the batch that needs them), so a commit's fdatasync finds
+//! the file's size unchanged and flushes data only. A roll truncates the zeros off before it
+//! seals the segment. The argument is in `docs/design/recovery.md`, "Preallocated segment
+//! space".
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +18,11 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::fs::{write_all_at, FileHandle, FileSystem, OpenMode};
 use crate::wal::{encode_segment_header, segment_name, SegmentHeader, SEGMENT_HEADER_BYTES};
+
+/// The newest segment's zeros are written ahead up to the next multiple of this file offset
+/// (capped at the segment's size): one fdatasync per this many bytes of log also carries the
+/// new size; every other one flushes data only.
+pub(crate) const PREALLOCATE_BYTES: u64 = 1 << 20;
 
 /// Description of a segment on disk, as the writer and recovery know it.
 #[derive(Debug, Clone)]
@@ -33,22 +44,28 @@ pub(crate) struct WalWriter {
     dir: PathBuf,
     file: Arc<dyn FileHandle>,
     current: SegmentInfo,
+    /// File offset up to which the current segment holds what this writer wrote or recovery
+    /// verified: frames up to the log's end, zeros after it.
+    allocated: u64,
     sealed: Vec<SegmentInfo>,
     segment_bytes_max: u64,
 }
 
 impl WalWriter {
-    /// Continues an existing segment whose valid frames end at `current.end_lsn` (the caller
-    /// has truncated anything after that and synced the file).
+    /// Continues an existing segment whose valid frames end at `current.end_lsn`, followed
+    /// by zeros up to file offset `allocated` (the caller has truncated anything else after
+    /// the frames and synced the file; `allocated` is at least the frames' end).
     pub fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         file: Arc<dyn FileHandle>,
         current: SegmentInfo,
+        allocated: u64,
         sealed: Vec<SegmentInfo>,
         segment_bytes_max: u64,
     ) -> Self {
-        WalWriter { fs, dir: dir.to_owned(), file, current, sealed, segment_bytes_max }
+        let allocated = allocated.max(SEGMENT_HEADER_BYTES + (current.end_lsn - current.start_lsn));
+        WalWriter { fs, dir: dir.to_owned(), file, current, allocated, sealed, segment_bytes_max }
     }
 
     /// Creates segment `seq` (header written, file and directory synced) and returns a writer.
@@ -62,7 +79,8 @@ impl WalWriter {
         segment_bytes_max: u64,
     ) -> Result<Self> {
         let (file, info) = create_segment(fs.as_ref(), dir, seq, start_lsn, first_ts)?;
-        Ok(WalWriter { fs, dir: dir.to_owned(), file, current: info, sealed, segment_bytes_max })
+        let allocated = SEGMENT_HEADER_BYTES;
+        Ok(WalWriter { fs, dir: dir.to_owned(), file, current: info, allocated, sealed, segment_bytes_max })
     }
 
     pub fn file(&self) -> Arc<dyn FileHandle> {
@@ -82,7 +100,8 @@ impl WalWriter {
         self.current.end_lsn
     }
 
-    /// Total WAL bytes on disk (all live segments, including headers).
+    /// Total WAL bytes (all live segments, including headers; not the newest segment's
+    /// preallocated zeros).
     pub fn total_bytes(&self) -> u64 {
         self.sealed
             .iter()
@@ -110,14 +129,32 @@ impl WalWriter {
             self.roll()?;
         }
         let offset = SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn);
-        write_all_at(self.file.as_ref(), frames, offset).map_err(|e| Error::io(&self.current.path, e))?;
+        let end = offset + frames.len() as u64;
+        if end <= self.allocated {
+            write_all_at(self.file.as_ref(), frames, offset).map_err(|e| Error::io(&self.current.path, e))?;
+        } else {
+            // Past the zeros written so far: the same write carries the next chunk of zeros,
+            // and this batch's fdatasync makes them and the new size durable.
+            let target = preallocation_target(end, SEGMENT_HEADER_BYTES.saturating_add(self.segment_bytes_max));
+            let mut buf = Vec::with_capacity((target - offset) as usize);
+            buf.extend_from_slice(frames);
+            buf.resize((target - offset) as usize, 0);
+            write_all_at(self.file.as_ref(), &buf, offset).map_err(|e| Error::io(&self.current.path, e))?;
+            self.allocated = target;
+        }
         self.current.end_lsn += frames.len() as u64;
         self.current.last_ts = last_ts;
         Ok(())
     }
 
-    /// Seals the current segment (fdatasync) and starts the next one.
+    /// Seals the current segment (cut to its frames, fdatasync) and starts the next one.
     pub fn roll(&mut self) -> Result<()> {
+        let end = SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn);
+        if self.allocated > end {
+            // A sealed segment is exactly its header and frames; recovery holds it to that.
+            self.file.set_len(end).map_err(|e| Error::io(&self.current.path, e))?;
+            self.allocated = end;
+        }
         self.file.sync_data().map_err(|e| Error::io(&self.current.path, e))?;
         let next_seq = self.current.seq + 1;
         let (file, info) =
@@ -125,6 +162,7 @@ impl WalWriter {
         let old = std::mem::replace(&mut self.current, info);
         self.sealed.push(old);
         self.file = file;
+        self.allocated = SEGMENT_HEADER_BYTES;
         Ok(())
     }
 
@@ -154,6 +192,12 @@ impl WalWriter {
         }
         Ok(removed)
     }
+}
+
+/// Where the zeros written ahead of a batch ending at file offset `end` stop: the next
+/// multiple of [`PREALLOCATE_BYTES`], at most the segment's size, never short of the batch.
+fn preallocation_target(end: u64, segment_end: u64) -> u64 {
+    end.div_ceil(PREALLOCATE_BYTES).saturating_mul(PREALLOCATE_BYTES).min(segment_end).max(end)
 }
 
 fn create_segment(

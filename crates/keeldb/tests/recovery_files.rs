@@ -2,7 +2,7 @@
 //! reported; corruption anywhere else is a typed error from `open` and from `verify`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 mod common;
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::*;
@@ -25,11 +25,12 @@ fn store_with(path: &Path, n: u32) {
     std::fs::remove_file(path.join("CLOSED")).unwrap();
 }
 
-/// Offsets of the frames in a segment file (walking the length fields).
+/// Offsets of the frames in a segment file (walking the length fields, up to the zeros that
+/// follow the last frame of the newest segment).
 fn frame_offsets(bytes: &[u8]) -> Vec<usize> {
     let mut out = Vec::new();
     let mut pos = SEGMENT_HEADER;
-    while pos + FRAME_HEADER <= bytes.len() {
+    while pos + FRAME_HEADER <= bytes.len() && bytes[pos..pos + 4] != [0; 4] {
         let len = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) as usize;
         out.push(pos);
         pos += FRAME_HEADER + ((len + 7) & !7);
@@ -81,16 +82,134 @@ fn torn_tail_is_truncated_and_reported() {
     assert_eq!(count(&db), 9);
 }
 
+/// The file offset just past the last frame of a segment.
+fn frames_end(bytes: &[u8]) -> usize {
+    let frames = frame_offsets(bytes);
+    let last = *frames.last().unwrap();
+    let len = u32::from_le_bytes(bytes[last + 4..last + 8].try_into().unwrap()) as usize;
+    last + FRAME_HEADER + ((len + 7) & !7)
+}
+
 #[test]
 fn garbage_appended_after_the_last_frame_is_a_torn_tail() {
     let t = TestDir::new();
     store_with(&t.path(), 5);
     let seg = newest_segment(&t.path());
     remove_empty_segments_after(&t.path(), &seg);
-    std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&[0xAB; 100]).unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let end = frames_end(&std::fs::read(&seg).unwrap());
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().write_all_at(&[0xAB; 100], end as u64).unwrap();
     let db = open(&t.path());
-    assert_eq!(db.recovery_report().bytes_truncated, 100);
+    // The garbage and the preallocated zeros after it are cut.
+    assert_eq!(db.recovery_report().bytes_truncated, len.max(end as u64 + 100) - end as u64);
     assert_eq!(count(&db), 5);
+}
+
+#[test]
+fn garbage_after_preallocated_zeros_is_a_torn_tail() {
+    let t = TestDir::new();
+    store_with(&t.path(), 5);
+    let seg = newest_segment(&t.path());
+    remove_empty_segments_after(&t.path(), &seg);
+    let end = frames_end(&std::fs::read(&seg).unwrap()) as u64;
+    let len = std::fs::metadata(&seg).unwrap().len();
+    assert!(len > end + 4096, "the newest segment holds preallocated zeros ({len} bytes, frames end at {end})");
+    // One nonzero byte at the very end: the tail is no longer all zeros.
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().write_all_at(&[1], len - 1).unwrap();
+    let db = open(&t.path());
+    let r = db.recovery_report();
+    assert_eq!(r.torn_tail.as_ref().map(|(_, off)| *off), Some(end), "{r}");
+    assert_eq!(r.bytes_truncated, len - end);
+    assert_eq!(count(&db), 5);
+    drop(db);
+    assert!(std::fs::metadata(&seg).unwrap().len() >= end);
+}
+
+#[test]
+fn preallocated_zeros_end_the_log_without_a_tear_and_are_kept() {
+    let t = TestDir::new();
+    store_with(&t.path(), 5);
+    let seg = newest_segment(&t.path());
+    remove_empty_segments_after(&t.path(), &seg);
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let db = open(&t.path());
+    let r = db.recovery_report();
+    assert!(r.torn_tail.is_none() && r.bytes_truncated == 0, "{r}");
+    assert_eq!(count(&db), 5);
+    put(&db, "t", b"k-after", b"v");
+    drop(db);
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "the zeros were kept and written into");
+    assert!(keeldb::verify(t.path()).unwrap().is_intact());
+}
+
+#[test]
+fn a_store_whose_segments_end_at_their_last_frame_opens_unchanged() {
+    // The layout before preallocation (and what a roll leaves): no zeros after the frames.
+    let t = TestDir::new();
+    store_with(&t.path(), 7);
+    for seg in files(&t.path(), "wal-") {
+        let bytes = std::fs::read(&seg).unwrap();
+        if bytes.len() > SEGMENT_HEADER && bytes[SEGMENT_HEADER..SEGMENT_HEADER + 4] != [0; 4] {
+            std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(frames_end(&bytes) as u64).unwrap();
+        } else {
+            std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(SEGMENT_HEADER as u64).unwrap();
+        }
+    }
+    let db = open(&t.path());
+    let r = db.recovery_report();
+    assert!(r.torn_tail.is_none() && r.bytes_truncated == 0 && r.clean_shutdown, "{r}");
+    assert_eq!(count(&db), 7);
+    put(&db, "t", b"k-after", b"v");
+    db.close().unwrap();
+    assert_eq!(count(&open(&t.path())), 8);
+}
+
+/// The guard this checks: recovery cuts a tail that is not all zeros before writing resumes.
+/// A `relaxed` power loss can keep frame 5 and lose frame 4 (its bytes stay zero in the
+/// preallocated space). Were that tail kept, a new frame of frame 4's size would end exactly
+/// where the old frame 5 starts, and the next recovery would replay frame 5: a commit that is
+/// not in the recovered history.
+#[test]
+fn a_stale_frame_after_a_gap_is_never_replayed() {
+    let t = TestDir::new();
+    let relaxed = Options { durability: Durability::Relaxed, background_threads: false, ..Options::default() };
+    let db = Database::open(t.path(), relaxed.clone()).unwrap();
+    for i in 1..=5u32 {
+        put(&db, "t", format!("k{i}").as_bytes(), b"old-value");
+    }
+    db.close().unwrap();
+    std::fs::remove_file(t.path().join("CLOSED")).unwrap();
+    let seg = newest_segment(&t.path());
+    remove_empty_segments_after(&t.path(), &seg);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let frames = frame_offsets(&bytes);
+    // Frames: create table + put k1 (one commit), k2, k3, k4, k5, the close mark.
+    assert_eq!(frames.len(), 6);
+    let (f4, f5, mark) = (frames[3], frames[4], frames[5]);
+    bytes[mark..].fill(0); // the close mark never reached the disk
+    bytes[f4..f5].fill(0); // nor did frame 4; frame 5 did
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let db = Database::open(t.path(), opts(Durability::Sync)).unwrap();
+    let r = db.recovery_report();
+    assert_eq!(r.torn_tail.as_ref().map(|(_, off)| *off), Some(f4 as u64), "{r}");
+    assert_eq!(r.discarded_frames, 1, "{r}");
+    assert_eq!(count(&db), 3);
+    // Same key and value sizes as the lost frame 4: the new frame ends where frame 5 began.
+    put(&db, "t", b"k4", b"new-value");
+    // A process crash now: what the next open sees is exactly the files as they are.
+    let crashed = TestDir::new();
+    std::fs::create_dir_all(crashed.path()).unwrap();
+    for p in files(&t.path(), "") {
+        if p.file_name().unwrap() != "LOCK" {
+            std::fs::copy(&p, crashed.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    drop(db);
+    let db = Database::open(crashed.path(), opts(Durability::Sync)).unwrap();
+    assert_eq!(get(&db, "t", b"k4").as_deref(), Some(&b"new-value"[..]));
+    assert_eq!(get(&db, "t", b"k5"), None, "the stale frame 5 was replayed");
+    assert_eq!(count(&db), 4);
 }
 
 #[test]
