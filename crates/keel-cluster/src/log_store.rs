@@ -243,7 +243,22 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 return Ok(Vec::new());
             }
         }
-        Ok(m.entries.range((start, end)).map(|(_, e)| e.clone()).collect())
+        let entries: Vec<Entry> = m.entries.range((start, end)).map(|(_, e)| e.clone()).collect();
+        // openraft sends `entries` right after a `prev_log_id` of `start - 1`: the answer must
+        // begin exactly at `start`. When the start is already purged (a purge racing a reader:
+        // a leader that just stepped down purges at once while its replication tasks still
+        // read), the rest of the range would look contiguous to the follower and leave a hole
+        // in its log. Answer nothing instead; openraft treats that as a heartbeat.
+        let wanted = match start {
+            Bound::Included(s) => Some(s),
+            Bound::Excluded(s) => s.checked_add(1),
+            Bound::Unbounded => None,
+        };
+        let purged_start = wanted.is_some_and(|w| m.purged.is_some_and(|p| w <= p.index));
+        if purged_start && entries.first().is_some_and(|first| Some(first.log_id.index) != wanted) {
+            return Ok(Vec::new());
+        }
+        Ok(entries)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -297,8 +312,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut ops = Vec::new();
         {
             let mut m = self.mirror.lock();
+            // The log stays contiguous: each appended entry follows the last one (or the purge
+            // point). openraft truncates before it overwrites, so anything else is a request
+            // that would leave a hole; refusing it stops Raft on this member instead of
+            // applying a log with an entry missing.
+            let mut next = m.entries.keys().next_back().map(|l| l + 1).or(m.purged.map(|p| p.index + 1));
             for entry in entries {
                 let index = entry.log_id.index;
+                if next.is_some_and(|n| index != n) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "raft log: appending index {index} where {} comes next would leave a hole",
+                            next.unwrap_or(0)
+                        ),
+                    ));
+                }
+                next = Some(index + 1);
                 ops.push(Op::Put(index.to_be_bytes().to_vec(), encode(&entry)?, LOG));
                 m.entries.insert(index, entry);
             }

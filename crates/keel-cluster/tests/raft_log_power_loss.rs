@@ -110,3 +110,26 @@ async fn acknowledged_appends_survive_power_loss_and_torn_ones_never_decode() {
     eprintln!("{} seeds: {acked} acknowledged entries survived, {kept} unacknowledged kept", seeds.len());
     assert!(acked > 0);
 }
+
+/// The log store keeps openraft's replication from ever sending a hole: a read whose start was
+/// purged answers nothing (not the entries after it, which a follower would append after the
+/// wrong predecessor), and an append that does not follow the last entry is refused.
+#[tokio::test]
+async fn reads_start_where_asked_and_appends_never_leave_a_hole() {
+    let mut rng = SimRng::new(7);
+    let fs = SimFs::new(7);
+    let mut store = LogStore::open(Path::new("/member/raft"), Arc::new(fs)).unwrap();
+    store.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+    let batch: Vec<Entry> = (1..=10).map(|i| entry(&mut rng, 1, i)).collect();
+    append(&mut store, batch).await.unwrap().await.unwrap().unwrap();
+    store.purge(log_id(1, 5)).await.unwrap();
+    let indexes = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+    assert_eq!(indexes(store.try_get_log_entries(3..8).await.unwrap()), Vec::<u64>::new());
+    assert_eq!(indexes(store.try_get_log_entries(6..8).await.unwrap()), vec![6, 7]);
+    assert_eq!(indexes(store.try_get_log_entries(9..20).await.unwrap()), vec![9, 10]);
+    let gap = vec![entry(&mut rng, 1, 12)];
+    assert!(append(&mut store, gap).await.is_none(), "an append past index 11 was taken");
+    assert!(store.try_get_log_entries(12..13).await.unwrap().is_empty());
+    append(&mut store, vec![entry(&mut rng, 1, 11)]).await.unwrap().await.unwrap().unwrap();
+    assert_eq!(indexes(store.try_get_log_entries(6..).await.unwrap()), vec![6, 7, 8, 9, 10, 11]);
+}
