@@ -9,6 +9,7 @@ pub mod auth_api;
 pub mod backup;
 pub mod compactor;
 pub mod config;
+pub mod curp;
 pub mod etcd_api;
 pub mod files;
 pub mod lease;
