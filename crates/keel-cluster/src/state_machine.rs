@@ -14,7 +14,7 @@
 //! - Installing a snapshot replaces the whole store atomically (old or new after a crash) and
 //!   is refused if it is older than what is applied (openraft #1130).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use parking_lot::Mutex;
 use prost::Message;
 
 use crate::auth::{AuthError, AuthState};
+use crate::curp::CommandId;
 use crate::files;
 use crate::mvcc::{self, Writer, COMPACT_KEY, META, REV_KEY};
 use crate::snapshot_file::{SnapshotFile, Snapshots};
@@ -100,9 +101,25 @@ pub struct Shared {
     /// The auth state as of the last applied entry (its rows are in the store; this is the
     /// copy the API checks requests against).
     pub auth: parking_lot::RwLock<Arc<AuthState>>,
+    /// Told the ids of the CURP commands each batch executed (the member's witness forgets
+    /// them: `curp::witness`).
+    pub on_curp_applied: parking_lot::RwLock<Option<CurpHook>>,
 }
 
+/// See [`Shared::on_curp_applied`].
+pub type CurpHook = Arc<dyn Fn(&[CommandId]) + Send + Sync>;
+
 impl Shared {
+    /// The recorded result of CURP command `id`, if it has applied on this member and its
+    /// client has not yet said it has the answer.
+    pub fn curp_result(&self, id: CommandId) -> io::Result<Option<Response>> {
+        let txn = self.db.begin_read().map_err(io_err)?;
+        match txn.get(crate::curp::DEDUP, &crate::curp::dedup_key(id)).map_err(io_err)? {
+            Some(v) => Ok(Some(bincode::deserialize(&v).map_err(io_err)?)),
+            None => Ok(None),
+        }
+    }
+
     /// A read view at `revision` (0: newest) and the header revision to report.
     pub fn read_at(&self, revision: i64) -> Result<(ReadTxn, i64), ApplyError> {
         let p = self.progress.lock();
@@ -301,6 +318,7 @@ impl StateMachine {
                 applied_tx,
                 lessor: crate::lease::Lessor::new(),
                 auth: parking_lot::RwLock::new(Arc::new(auth)),
+                on_curp_applied: parking_lot::RwLock::new(None),
             }),
         };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
@@ -331,6 +349,9 @@ impl StateMachine {
         let mut auth = Arc::clone(&self.shared.auth.read());
         let mut auth_changed = false;
         let mut commands = Vec::with_capacity(entries.len());
+        // CURP commands' dedup records as this batch leaves them, and the ids it applied.
+        let mut curp = CurpApply::default();
+        let mut applied_ids = Vec::new();
         // Per entry: response, revision it took (if it wrote), new compaction point, membership.
         let mut planned = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -378,6 +399,11 @@ impl StateMachine {
                         }
                         Err(e) => Response::Err(e),
                     }
+                }
+                EntryPayload::Normal(req) if req.kind == RequestKind::Curp => {
+                    let (response, id) = curp.apply(&mut writer, req, revision, compact, &mut command)?;
+                    applied_ids.extend(id);
+                    response
                 }
                 EntryPayload::Normal(req) => match execute(&mut writer, req, revision, compact) {
                     Ok((bytes, c)) => {
@@ -464,6 +490,11 @@ impl StateMachine {
             self.trace(entry, response);
         }
         crate::lease::applied(&self.shared.lessor, entries, &responses);
+        if !applied_ids.is_empty() {
+            if let Some(hook) = self.shared.on_curp_applied.read().clone() {
+                hook(&applied_ids);
+            }
+        }
         if auth_changed {
             *self.shared.auth.write() = auth;
         }
@@ -526,6 +557,92 @@ impl StateMachine {
     }
 }
 
+/// CURP commands in one applied batch: the dedup records and client floors that earlier
+/// entries of the batch wrote (the store's snapshot does not show them yet).
+#[derive(Default)]
+struct CurpApply {
+    records: HashMap<CommandId, Option<Response>>,
+    floors: HashMap<u64, u64>,
+}
+
+impl CurpApply {
+    /// Applies one CURP command at most once per id: a command already recorded is answered
+    /// from its record; one below its client's floor is refused; anything else runs like the
+    /// etcd request it carries and its response is recorded (success or failure alike, so a
+    /// retry never executes again). Returns the response and the id if it executed now.
+    fn apply(
+        &mut self,
+        w: &mut Writer<'_, '_>,
+        req: &Request,
+        revision: i64,
+        compact: i64,
+        command: &mut keeldb::Command,
+    ) -> io::Result<(Response, Option<CommandId>)> {
+        let Some(cmd) = crate::curp::Command::from_request(req) else {
+            return Ok((Response::Err(ApplyError::Invalid("undecodable CURP command".into())), None));
+        };
+        if !matches!(cmd.kind, RequestKind::Put | RequestKind::DeleteRange | RequestKind::Txn) {
+            let why = format!("a CURP command carries Put, DeleteRange or Txn, not {:?}", cmd.kind);
+            return Ok((Response::Err(ApplyError::Invalid(why)), None));
+        }
+        let id = cmd.id;
+        let client = id.client.to_be_bytes();
+        let floor = match self.floors.get(&id.client) {
+            Some(f) => *f,
+            None => match w.txn.get_in(crate::curp::CLIENTS, &client).map_err(io_err)? {
+                Some(v) => bincode::deserialize(&v).map_err(io_err)?,
+                None => 0,
+            },
+        };
+        if id.seq < floor {
+            let why = format!("CURP command {id} is older than its client's first incomplete command {floor}");
+            return Ok((Response::Err(ApplyError::Invalid(why)), None));
+        }
+        let key = crate::curp::dedup_key(id);
+        let recorded = match self.records.get(&id) {
+            Some(r) => r.clone(),
+            None => match w.txn.get_in(crate::curp::DEDUP, &key).map_err(io_err)? {
+                Some(v) => Some(bincode::deserialize(&v).map_err(io_err)?),
+                None => None,
+            },
+        };
+        if let Some(r) = recorded {
+            return Ok((r, None));
+        }
+        let inner = Request { kind: cmd.kind, body: cmd.body, auth: req.auth.clone() };
+        let response = match execute(w, &inner, revision, compact) {
+            Ok((bytes, _)) => Response::Ok(bytes),
+            Err(e) => Response::Err(e),
+        };
+        let mut c = std::mem::replace(command, keeldb::Command::new());
+        c = c.put(crate::curp::DEDUP, key, bincode::serialize(&response).map_err(io_err)?);
+        self.records.insert(id, Some(response.clone()));
+        if cmd.first_incomplete > floor {
+            // The client has the answers of everything below `first_incomplete`: forget them.
+            let mut stale: Vec<CommandId> = Vec::new();
+            for (k, _) in w.txn.scan_prefix_in(crate::curp::DEDUP, &client).map_err(io_err)? {
+                if let Some(seq) = k.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes) {
+                    stale.push(CommandId { client: id.client, seq });
+                }
+            }
+            stale.extend(self.records.keys().filter(|r| r.client == id.client).copied());
+            stale.sort_unstable();
+            stale.dedup();
+            for old in stale.into_iter().filter(|o| o.seq < cmd.first_incomplete) {
+                if self.records.get(&old).is_some_and(Option::is_none) {
+                    continue;
+                }
+                c = c.delete(crate::curp::DEDUP, crate::curp::dedup_key(old));
+                self.records.insert(old, None);
+            }
+            c = c.put(crate::curp::CLIENTS, client, bincode::serialize(&cmd.first_incomplete).map_err(io_err)?);
+            self.floors.insert(id.client, cmd.first_incomplete);
+        }
+        *command = c;
+        Ok((response, Some(id)))
+    }
+}
+
 /// Runs one etcd write request; returns the encoded response and a new compaction point.
 fn execute(
     w: &mut Writer<'_, '_>,
@@ -556,7 +673,9 @@ fn execute(
             }
             Ok((resp.encode_to_vec(), None))
         }
-        RequestKind::Publish | RequestKind::Auth => Err(ApplyError::Invalid("applied elsewhere".into())),
+        RequestKind::Publish | RequestKind::Auth | RequestKind::Curp => {
+            Err(ApplyError::Invalid("applied elsewhere".into()))
+        }
         RequestKind::LeaseGrant => {
             let r = etcd_client::proto::PbLeaseGrantRequest::decode(req.body.as_slice()).map_err(bad)?;
             Ok((crate::lease::grant(w.txn, &r, revision)?.encode_to_vec(), None))
@@ -683,7 +802,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use etcd_client::proto::{
-        PbCompare, PbDeleteResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequestOp, PbTxnResponse,
+        PbCompare, PbDeleteResponse, PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequestOp, PbTxnResponse,
     };
     use openraft::entry::RaftEntry;
     use openraft::vote::RaftLeaderId;
@@ -850,6 +969,62 @@ mod tests {
         let (mut txn, rev) = sm.shared.read_at(0).unwrap();
         let rows = mvcc::View::scan_raw(&mut txn, b"", None).unwrap();
         (rev, sm.shared.progress.lock().compact_revision, rows)
+    }
+
+    fn curp(client: u64, seq: u64, first_incomplete: u64, k: &str, v: &str) -> (RequestKind, Vec<u8>) {
+        let cmd = crate::curp::Command {
+            id: CommandId { client, seq },
+            first_incomplete,
+            kind: RequestKind::Put,
+            body: put(k, v).encode_to_vec(),
+        };
+        (RequestKind::Curp, bincode::serialize(&cmd).unwrap())
+    }
+
+    /// A CURP command applies once per id (a copy later in the same batch or in a later batch
+    /// is answered from the record and takes no revision), a command below its client's floor
+    /// is refused, and records below the floor are forgotten. Batched and one by one agree.
+    #[test]
+    fn curp_commands_apply_once_per_id() {
+        let requests = vec![
+            curp(7, 1, 1, "x", "1"),
+            curp(7, 1, 1, "x", "1"), // a retry in the same batch
+            curp(7, 2, 1, "x", "2"),
+            curp(9, 1, 1, "y", "1"), // another client, its own sequence
+            curp(7, 2, 1, "x", "2"), // a late copy of 2
+            curp(7, 3, 3, "x", "3"), // the client has the answers of 1 and 2
+            curp(7, 1, 1, "x", "1"), // a copy of 1 after that: refused
+            curp(7, 3, 3, "x", "3"),
+        ];
+        let entries: Vec<Entry> =
+            requests.into_iter().enumerate().map(|(i, (k, b))| entry(i as u64 + 1, k, b)).collect();
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one = StateMachine::open(d1.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let all = StateMachine::open(d2.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let singly: Vec<Response> =
+            entries.iter().flat_map(|e| one.apply_entries(std::slice::from_ref(e)).unwrap()).collect();
+        let batched = all.apply_entries(&entries).unwrap();
+        assert_eq!(singly, batched);
+        let rev = |r: &Response| match r {
+            Response::Ok(b) => PbPutResponse::decode(b.as_slice()).unwrap().header.unwrap().revision,
+            r => panic!("{r:?}"),
+        };
+        assert_eq!([rev(&batched[0]), rev(&batched[2]), rev(&batched[3]), rev(&batched[5])], [2, 3, 4, 5]);
+        assert_eq!(batched[1], batched[0]);
+        assert_eq!(batched[4], batched[2]);
+        assert_eq!(batched[7], batched[5]);
+        assert!(matches!(&batched[6], Response::Err(ApplyError::Invalid(w)) if w.contains("older")), "{:?}", batched[6]);
+        for sm in [&one, &all] {
+            assert_eq!(sm.shared.progress.lock().revision, 5);
+            let kept: Vec<Vec<u8>> = table(sm, crate::curp::DEDUP).into_iter().map(|(k, _)| k).collect();
+            let want: Vec<Vec<u8>> = [(7, 3), (9, 1)]
+                .into_iter()
+                .map(|(client, seq)| crate::curp::dedup_key(CommandId { client, seq }).to_vec())
+                .collect();
+            assert_eq!(kept, want);
+            assert!(sm.shared.curp_result(CommandId { client: 7, seq: 3 }).unwrap().is_some());
+            assert!(sm.shared.curp_result(CommandId { client: 7, seq: 1 }).unwrap().is_none());
+        }
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub enum RequestKind {
     LeaseRevoke,
     /// A change of users, roles or permissions (bincode `auth::AuthOp`); takes no revision.
     Auth,
+    /// A CURP client's command (bincode `curp::Command`: its id and a Put, DeleteRange or Txn):
+    /// applied once per id, its result kept so that a retry or a new leader's copy from the
+    /// witnesses is answered from the record instead of applied again.
+    Curp,
 }
 
 /// A log entry's payload: one etcd write request.

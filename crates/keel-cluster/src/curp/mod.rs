@@ -13,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::{Request, RequestKind};
+
 
 /// A command's identity: the client session that sent it and its sequence number there.
 /// Applying a command records its result under this id, so a retry (or a witness's copy
@@ -29,4 +31,48 @@ impl std::fmt::Display for CommandId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:x}#{}", self.client, self.seq)
     }
+}
+
+/// What a CURP log entry carries (the body of a [`RequestKind::Curp`] request).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    pub id: CommandId,
+    /// The client's lowest sequence number still waiting for its answer: the results of its
+    /// commands below it are forgotten when this command applies, and a command below it is
+    /// refused (the client has its answer; a late copy must not apply).
+    pub first_incomplete: u64,
+    /// Put, DeleteRange or Txn.
+    pub kind: RequestKind,
+    /// The etcd request's protobuf encoding.
+    pub body: Vec<u8>,
+}
+
+impl Command {
+    /// The log request carrying this command.
+    pub fn to_request(&self) -> Result<Request, bincode::Error> {
+        Ok(Request::new(RequestKind::Curp, bincode::serialize(self)?))
+    }
+
+    /// The command a [`RequestKind::Curp`] request carries.
+    pub fn from_request(req: &Request) -> Option<Command> {
+        if req.kind != RequestKind::Curp {
+            return None;
+        }
+        bincode::deserialize(&req.body).ok()
+    }
+}
+
+/// The dedup table: client (big-endian) ++ seq (big-endian) → bincode [`Response`] of the
+/// command as it applied.
+pub const DEDUP: &str = "curp_dedup";
+/// Per client (big-endian): the `first_incomplete` last applied (bincode u64); commands
+/// below it are refused.
+pub const CLIENTS: &str = "curp_clients";
+
+/// The dedup table's key of `id`.
+pub fn dedup_key(id: CommandId) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&id.client.to_be_bytes());
+    k[8..].copy_from_slice(&id.seq.to_be_bytes());
+    k
 }
