@@ -37,7 +37,9 @@ pub struct Api {
 
 pub(crate) fn node_status(e: NodeError) -> Status {
     match e {
-        NodeError::NoLeader | NodeError::Timeout | NodeError::Stopped => Status::unavailable(e.to_string()),
+        NodeError::NoLeader | NodeError::Timeout | NodeError::Stopped | NodeError::NotLeader(_) => {
+            Status::unavailable(e.to_string())
+        }
         NodeError::Other(m) => Status::unavailable(m),
     }
 }
@@ -51,6 +53,31 @@ pub(crate) fn apply_status(e: ApplyError) -> Status {
         ApplyError::LeaseTtlTooLarge => Status::out_of_range(e.to_string()),
         ApplyError::Auth(e) => e.status(),
     }
+}
+
+/// The checks the KV service makes before proposing a write of `kind` (for the CURP service,
+/// which proposes the same requests): decodable, a key, within the size limit, a valid txn.
+pub(crate) fn check_request(node: &Node, kind: RequestKind, body: &[u8]) -> Result<(), Status> {
+    if body.len() > node.config.max_request_bytes {
+        return Err(Status::invalid_argument("etcdserver: request is too large"));
+    }
+    let bad = |e: prost::DecodeError| Status::invalid_argument(format!("keel: undecodable request: {e}"));
+    let no_key = || Status::invalid_argument("etcdserver: key is not provided");
+    match kind {
+        RequestKind::Put => {
+            if PbPutRequest::decode(body).map_err(bad)?.key.is_empty() {
+                return Err(no_key());
+            }
+        }
+        RequestKind::DeleteRange => {
+            if PbDeleteRequest::decode(body).map_err(bad)?.key.is_empty() {
+                return Err(no_key());
+            }
+        }
+        RequestKind::Txn => mvcc::check_txn(&PbTxnRequest::decode(body).map_err(bad)?).map_err(apply_status)?,
+        other => return Err(Status::invalid_argument(format!("keel: {other:?} is not a KV write"))),
+    }
+    Ok(())
 }
 
 impl Api {

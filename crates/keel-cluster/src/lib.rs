@@ -95,7 +95,8 @@ impl Server {
                 .add_service(PbMaintenanceServer::new(api.clone()))
                 .add_service(PbWatchServer::new(watch.clone()))
                 .add_service(PbLeaseServer::new(api.clone()))
-                .add_service(auth_api::AuthServer::new(api.clone()));
+                .add_service(auth_api::AuthServer::new(api.clone()))
+                .add_service(curp::service::CurpServer::new(Arc::clone(&node)));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
             tasks.push(tokio::spawn(async move {

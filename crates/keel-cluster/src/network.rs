@@ -279,6 +279,16 @@ pub enum PeerRequest {
         id: i64,
         keys: bool,
     },
+    /// A new leader's CURP recovery: refuse records of terms below `term` from now on and
+    /// answer with every pooled command (`curp::witness`).
+    CurpFence {
+        term: u64,
+    },
+    /// The leader of `term` has re-proposed and applied what recovery found: forget the
+    /// commands recorded in earlier terms.
+    CurpDropBelow {
+        term: u64,
+    },
 }
 
 /// Most appends one stream has sent and not yet had answered. The follower answers an append
@@ -407,6 +417,8 @@ pub enum PeerResponse {
     LeaseKeepAlive(Vec<i64>),
     /// A lease's standing on the leader; `None` for an unknown lease.
     LeaseTimeToLive(Option<crate::lease::LeaseStanding>),
+    /// A witness's pool, in arrival order (the answer to `CurpFence`; empty for `CurpDropBelow`).
+    CurpPool(Vec<crate::curp::witness::Pooled>),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.

@@ -41,6 +41,9 @@ pub enum NodeError {
     /// The node is stopping.
     #[error("etcdserver: server stopped")]
     Stopped,
+    /// This member does not lead (the leader it knows, if any); nothing was appended.
+    #[error("etcdserver: not leader")]
+    NotLeader(Option<u64>),
     /// Anything else, with etcd-like text.
     #[error("{0}")]
     Other(String),
@@ -60,9 +63,13 @@ pub struct Node {
     /// Idle connections to each member for forwarded requests (one request per connection
     /// at a time; concurrent requests open more).
     peers: Mutex<BTreeMap<u64, Vec<PeerClient>>>,
-    request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// TLS for peer links (empty when no `--peer-cert-file` is given).
     peer_tls: PeerTls,
+    /// The leader's ordering point for every write (`curp::front`).
+    pub front: crate::curp::front::Front,
+    /// This member's CURP witness pool (`curp::witness`).
+    pub witness: Arc<crate::curp::witness::Witness>,
     /// Set once when the member stops; listeners and connections end on it.
     pub stopping: tokio::sync::watch::Sender<bool>,
     /// Why the member stopped on its own (Raft hit a storage error), if it did.
@@ -289,7 +296,15 @@ impl Node {
             peer_tls,
             stopping: tokio::sync::watch::channel(false).0,
             fatal: Mutex::new(None),
+            front: crate::curp::front::Front::new(),
+            witness: Arc::new(crate::curp::witness::Witness::new()),
         });
+        // The witness forgets each CURP command once this member has applied it.
+        let w = Arc::clone(&node.witness);
+        *node.sm.on_curp_applied.write() = Some(Arc::new(move |ids| w.applied(ids)));
+        // Follows leadership: closes the front when the term changes, runs CURP recovery
+        // when this member becomes leader, then opens it.
+        tokio::spawn(crate::curp::takeover::run(Arc::clone(&node)));
         for url in &node.config.listen_peer_urls {
             let addr = network::url_addr(url);
             let listener =
@@ -390,6 +405,24 @@ impl Node {
         }
     }
 
+    /// Sends one request to member `id` over an idle (or new) peer connection.
+    pub(crate) async fn call_peer(
+        &self,
+        id: u64,
+        req: &PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerResponse, String> {
+        let Some(mut peer) = self.take_peer(id) else { return Err(format!("member {id:x} is unknown")) };
+        let result = peer.call(req, timeout).await;
+        self.put_peer(id, peer);
+        result.map_err(|e| e.to_string())
+    }
+
+    /// Voting members' ids, as the last applied membership lists them.
+    pub fn voters(&self) -> Vec<u64> {
+        self.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect()
+    }
+
     /// Waits (bounded) for a leader to be known.
     async fn wait_leader(&self) -> Result<u64, NodeError> {
         let mut rx = self.raft.metrics();
@@ -479,28 +512,67 @@ impl Node {
         }
     }
 
+    /// Proposes `req` on this member, which believes it leads: waits (bounded) until a new
+    /// leader's CURP recovery is done, then hands it to the front in log order (see
+    /// `curp::front`). `speculate`: the term a CURP client believes current, to answer early.
+    pub(crate) async fn propose(
+        &self,
+        req: Request,
+        speculate: Option<u64>,
+    ) -> Result<crate::curp::front::Submitted, NodeError> {
+        let (leader, term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            (m.current_leader, m.current_term)
+        };
+        if leader != Some(self.id) {
+            return Err(NodeError::NotLeader(leader));
+        }
+        if !self.front.wait_open(term, self.request_timeout).await {
+            return Err(if self.leader() == Some(self.id) {
+                NodeError::Timeout
+            } else {
+                NodeError::NotLeader(self.leader())
+            });
+        }
+        self.front.submit(&self.raft, &self.sm, req, speculate.filter(|t| *t == term)).await
+    }
+
+    /// A read index on this member, which believes it leads: once recovery is done and every
+    /// write answered early has applied, the index openraft's ReadIndex gives.
+    async fn leader_read_index(&self) -> Result<u64, PeerResponse> {
+        let term = self.term();
+        if self.leader() == Some(self.id)
+            && (!self.front.wait_open(term, self.request_timeout).await
+                || !self.front.wait_speculative(self.request_timeout).await)
+        {
+            return Err(PeerResponse::Error(NodeError::Timeout.to_string()));
+        }
+        match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+            Ok(read) => Ok(read.log_id().index),
+            Err(e) => match e.forward_to_leader() {
+                Some(f) => Err(PeerResponse::NotLeader(f.leader_id)),
+                None => Err(PeerResponse::Error(format!("etcdserver: {e}"))),
+            },
+        }
+    }
+
     /// Handles a leader-only request on this member (which believes it leads).
     async fn handle_local(&self, req: &PeerRequest) -> PeerResponse {
         match req {
-            PeerRequest::Forward(r) => match self.raft.client_write(r.clone()).await {
-                Ok(resp) => PeerResponse::Forward(resp.data),
-                Err(e) => match e.forward_to_leader() {
-                    // Not appended here: safe to send elsewhere.
-                    Some(f)
-                        if e.api_error()
-                            .is_some_and(|a| matches!(a, openraft::errors::ClientWriteError::ForwardToLeader(_))) =>
-                    {
-                        PeerResponse::NotLeader(f.leader_id)
-                    }
-                    _ => PeerResponse::Error(NodeError::Timeout.to_string()),
+            PeerRequest::Forward(r) => match self.propose(r.clone(), None).await {
+                Ok(submitted) => match submitted.applied.await {
+                    Ok(Ok(resp)) => PeerResponse::Forward(resp),
+                    Ok(Err(NodeError::NotLeader(l))) => PeerResponse::NotLeader(l),
+                    Ok(Err(e)) => PeerResponse::Error(e.to_string()),
+                    Err(_) => PeerResponse::Error(NodeError::Timeout.to_string()),
                 },
+                Err(NodeError::NotLeader(l)) => PeerResponse::NotLeader(l),
+                Err(e) => PeerResponse::Error(e.to_string()),
             },
-            PeerRequest::ReadIndex => match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-                Ok(read) => PeerResponse::ReadIndex(read.log_id().index),
-                Err(e) => match e.forward_to_leader() {
-                    Some(f) => PeerResponse::NotLeader(f.leader_id),
-                    None => PeerResponse::Error(format!("etcdserver: {e}")),
-                },
+            PeerRequest::ReadIndex => match self.leader_read_index().await {
+                Ok(index) => PeerResponse::ReadIndex(index),
+                Err(r) => r,
             },
             PeerRequest::Admin(a) => self.handle_admin(a).await,
             PeerRequest::LeaseKeepAlive(ids) => crate::lease::keep_alive_on_leader(self, ids).await,
@@ -610,6 +682,12 @@ impl PeerHandler for Node {
                 Ok(r) => PeerResponse::TransferLeader(r),
                 Err(e) => fatal(e.to_string()),
             },
+            // A new leader's CURP recovery: fence this witness and hand over its pool.
+            PeerRequest::CurpFence { term } => PeerResponse::CurpPool(self.witness.fence(term)),
+            PeerRequest::CurpDropBelow { term } => {
+                self.witness.drop_below(term);
+                PeerResponse::CurpPool(Vec::new())
+            }
             other => {
                 if self.leader() != Some(self.id) {
                     return PeerResponse::NotLeader(self.leader());

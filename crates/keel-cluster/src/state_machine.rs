@@ -19,7 +19,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use etcd_client::proto::{PbCompactionRequest, PbDeleteRequest, PbPutRequest, PbTxnRequest};
+use etcd_client::proto::{PbCompactionRequest, PbDeleteRequest, PbPutRequest, PbPutResponse, PbTxnRequest};
 use futures_util::{FutureExt, Stream, StreamExt};
 use keeldb::fs::{FileHandle, FileSystem, OpenMode};
 use keeldb::{Database, Durability, InstallOptions, LogPosition, Options, ReadTxn};
@@ -557,6 +557,43 @@ impl StateMachine {
     }
 }
 
+/// A CURP command executed against the applied state and thrown away: the leader's early
+/// answer (`curp::front`), with every header revision 0 (its revision is known only once it
+/// applies). `None` if it cannot be answered early (a request that fails, or one whose result
+/// depends on leases).
+pub fn speculate(shared: &Shared, kind: RequestKind, body: &[u8]) -> Option<Response> {
+    if !matches!(kind, RequestKind::Put | RequestKind::DeleteRange | RequestKind::Txn) {
+        return None;
+    }
+    let (revision, compact) = {
+        let p = shared.progress.lock();
+        (p.revision, p.compact_revision)
+    };
+    let mut snapshot = shared.db.begin_read().ok()?;
+    let mut view = mvcc::Overlay::new(&mut snapshot);
+    let mut writer = Writer { txn: &mut view, revision: revision + 1, wrote: false };
+    let req = Request::new(kind, body.to_vec());
+    let (bytes, _) = execute(&mut writer, &req, revision, compact).ok()?;
+    let zeroed = match kind {
+        RequestKind::Put => {
+            let mut r = PbPutResponse::decode(bytes.as_slice()).ok()?;
+            r.header.iter_mut().for_each(|h| h.revision = 0);
+            r.encode_to_vec()
+        }
+        RequestKind::DeleteRange => {
+            let mut r = etcd_client::proto::PbDeleteResponse::decode(bytes.as_slice()).ok()?;
+            r.header.iter_mut().for_each(|h| h.revision = 0);
+            r.encode_to_vec()
+        }
+        _ => {
+            let mut r = etcd_client::proto::PbTxnResponse::decode(bytes.as_slice()).ok()?;
+            set_txn_revision(&mut r, 0);
+            r.encode_to_vec()
+        }
+    };
+    Some(Response::Ok(zeroed))
+}
+
 /// CURP commands in one applied batch: the dedup records and client floors that earlier
 /// entries of the batch wrote (the store's snapshot does not show them yet).
 #[derive(Default)]
@@ -569,7 +606,8 @@ impl CurpApply {
     /// Applies one CURP command at most once per id: a command already recorded is answered
     /// from its record; one below its client's floor is refused; anything else runs like the
     /// etcd request it carries and its response is recorded (success or failure alike, so a
-    /// retry never executes again). Returns the response and the id if it executed now.
+    /// retry never executes again). Returns the response and the command's id (for the
+    /// witness to forget it: it has applied, now or before).
     fn apply(
         &mut self,
         w: &mut Writer<'_, '_>,
@@ -596,7 +634,7 @@ impl CurpApply {
         };
         if id.seq < floor {
             let why = format!("CURP command {id} is older than its client's first incomplete command {floor}");
-            return Ok((Response::Err(ApplyError::Invalid(why)), None));
+            return Ok((Response::Err(ApplyError::Invalid(why)), Some(id)));
         }
         let key = crate::curp::dedup_key(id);
         let recorded = match self.records.get(&id) {
@@ -607,7 +645,7 @@ impl CurpApply {
             },
         };
         if let Some(r) = recorded {
-            return Ok((r, None));
+            return Ok((r, Some(id)));
         }
         let inner = Request { kind: cmd.kind, body: cmd.body, auth: req.auth.clone() };
         let response = match execute(w, &inner, revision, compact) {
@@ -802,7 +840,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use etcd_client::proto::{
-        PbCompare, PbDeleteResponse, PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequestOp, PbTxnResponse,
+        PbCompare, PbDeleteResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequestOp, PbTxnResponse,
     };
     use openraft::entry::RaftEntry;
     use openraft::vote::RaftLeaderId;
@@ -1013,7 +1051,11 @@ mod tests {
         assert_eq!(batched[1], batched[0]);
         assert_eq!(batched[4], batched[2]);
         assert_eq!(batched[7], batched[5]);
-        assert!(matches!(&batched[6], Response::Err(ApplyError::Invalid(w)) if w.contains("older")), "{:?}", batched[6]);
+        assert!(
+            matches!(&batched[6], Response::Err(ApplyError::Invalid(w)) if w.contains("older")),
+            "{:?}",
+            batched[6]
+        );
         for sm in [&one, &all] {
             assert_eq!(sm.shared.progress.lock().revision, 5);
             let kept: Vec<Vec<u8>> = table(sm, crate::curp::DEDUP).into_iter().map(|(k, _)| k).collect();

@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{Request, RequestKind};
 
+pub mod client;
+pub mod front;
+pub mod recovery;
+pub mod service;
+pub mod takeover;
+pub mod witness;
 
 /// A command's identity: the client session that sent it and its sequence number there.
 /// Applying a command records its result under this id, so a retry (or a witness's copy

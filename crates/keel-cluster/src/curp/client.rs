@@ -1,0 +1,335 @@
+//! The CURP client: a write goes to the leader (`Propose`) and to every other voter's witness
+//! (`Record`) at once. It completes on the fast path, in one round trip, when the leader
+//! answered speculatively in the client's term and at least superquorum − 1 other witnesses
+//! accepted it in that term; otherwise it completes when the command has applied (the leader
+//! answers `SYNCED`, or the client asks `WaitSynced`). Every attempt of one write carries the
+//! same command id, so retries after timeouts or leader changes apply it at most once.
+//!
+//! A fast answer is the etcd response with header revision 0: the revision is decided when the
+//! command applies; [`Client::synced`] waits for it.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use etcd_client::proto::{PbMemberListRequest, PbMemberListResponse};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use parking_lot::Mutex;
+use prost::Message;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Channel, Endpoint};
+
+use super::service::{kind_number, status, CommandMsg, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest};
+use super::CommandId;
+use crate::types::RequestKind;
+
+/// Failures of a CURP write.
+#[derive(Debug, thiserror::Error)]
+pub enum CurpError {
+    /// The cluster refused the request (an etcd error: its status and message).
+    #[error("{0}")]
+    Refused(tonic::Status),
+    /// No answer within the client's timeout; the write may or may not apply (once).
+    #[error("keel: CURP write {0} timed out; it may still apply, at most once")]
+    Timeout(CommandId),
+    /// The endpoints could not be reached or described no members.
+    #[error("keel: {0}")]
+    Connect(String),
+}
+
+/// How a write completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub id: CommandId,
+    /// On the fast path (header revision 0) or after apply (with its revision).
+    pub fast: bool,
+    /// The etcd response of the request's kind, protobuf-encoded.
+    pub result: Vec<u8>,
+}
+
+/// The members a superquorum is counted over: f + ⌈f/2⌉ + 1 of n = 2f + 1 (3 of 3, 4 of 5).
+pub fn superquorum(n: usize) -> usize {
+    let f = n.saturating_sub(1) / 2;
+    f + f.div_ceil(2) + 1
+}
+
+struct Member {
+    id: u64,
+    channel: Channel,
+}
+
+/// A CURP client session (one id; sequence numbers from 1).
+pub struct Client {
+    members: Vec<Member>,
+    client: u64,
+    next_seq: AtomicU64,
+    /// Sequence numbers sent and not yet answered.
+    outstanding: Mutex<BTreeSet<u64>>,
+    term: AtomicU64,
+    /// Index into `members` of the leader as last known.
+    leader: AtomicUsize,
+    timeout: Duration,
+    fast: AtomicU64,
+    slow: AtomicU64,
+}
+
+async fn unary<Req: Message + 'static, Resp: Message + Default + 'static>(
+    channel: &Channel,
+    path: &'static str,
+    req: Req,
+    timeout: Duration,
+) -> Result<Resp, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    let call = async {
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        grpc.unary(tonic::Request::new(req), PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded("keel: no answer in time")),
+    }
+}
+
+/// Errors worth trying another member or attempt for (the rest are the cluster's answer).
+fn retryable(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
+}
+
+impl Client {
+    /// Connects to the cluster behind `endpoints` (client URLs, `http://host:port`): asks
+    /// one for the member list and opens a channel to every voter's first client URL.
+    pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Client, CurpError> {
+        let mut last = String::from("no endpoints given");
+        'endpoints: for url in endpoints {
+            let channel = match Endpoint::from_shared(url.clone()) {
+                Ok(e) => e.connect_timeout(timeout).connect_lazy(),
+                Err(e) => {
+                    last = format!("{url}: {e}");
+                    continue;
+                }
+            };
+            // A member that has just started publishes its client URLs a moment later: ask
+            // again (bounded) until every voter has them, or go on with those that do.
+            let deadline = tokio::time::Instant::now() + timeout;
+            let list: PbMemberListResponse = loop {
+                let list: PbMemberListResponse = match unary(
+                    &channel,
+                    "/etcdserverpb.Cluster/MemberList",
+                    PbMemberListRequest { linearizable: true },
+                    timeout,
+                )
+                .await
+                {
+                    Ok(l) => l,
+                    Err(e) => {
+                        last = format!("{url}: {}", e.message());
+                        continue 'endpoints;
+                    }
+                };
+                let complete = list.members.iter().filter(|m| !m.is_learner).all(|m| !m.client_ur_ls.is_empty());
+                if complete || tokio::time::Instant::now() >= deadline {
+                    break list;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let mut members = Vec::new();
+            for m in list.members.iter().filter(|m| !m.is_learner) {
+                let Some(u) = m.client_ur_ls.first() else { continue };
+                let e = Endpoint::from_shared(u.clone()).map_err(|e| CurpError::Connect(format!("{u}: {e}")))?;
+                members.push(Member { id: m.id, channel: e.connect_timeout(timeout).tcp_nodelay(true).connect_lazy() });
+            }
+            if members.is_empty() {
+                last = format!("{url}: the member list names no voter with a client URL");
+                continue;
+            }
+            return Ok(Client {
+                members,
+                client: loop {
+                    let id: u64 = rand::random();
+                    if id != 0 {
+                        break id;
+                    }
+                },
+                next_seq: AtomicU64::new(1),
+                outstanding: Mutex::new(BTreeSet::new()),
+                term: AtomicU64::new(0),
+                leader: AtomicUsize::new(0),
+                timeout,
+                fast: AtomicU64::new(0),
+                slow: AtomicU64::new(0),
+            });
+        }
+        Err(CurpError::Connect(last))
+    }
+
+    /// Writes completed on the fast path and on the slow path so far.
+    pub fn path_counts(&self) -> (u64, u64) {
+        (self.fast.load(Ordering::Relaxed), self.slow.load(Ordering::Relaxed))
+    }
+
+    /// This session's client id.
+    pub fn id(&self) -> u64 {
+        self.client
+    }
+
+    /// An etcd Put.
+    pub async fn put(&self, req: &etcd_client::proto::PbPutRequest) -> Result<Answer, CurpError> {
+        self.execute(RequestKind::Put, req.encode_to_vec()).await
+    }
+
+    /// Runs an etcd write (Put, DeleteRange or Txn, protobuf-encoded) as one CURP command.
+    pub async fn execute(&self, kind: RequestKind, body: Vec<u8>) -> Result<Answer, CurpError> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.outstanding.lock().insert(seq);
+        let result = self.run(CommandId { client: self.client, seq }, kind, body).await;
+        self.outstanding.lock().remove(&seq);
+        match &result {
+            Ok(a) if a.fast => self.fast.fetch_add(1, Ordering::Relaxed),
+            Ok(_) => self.slow.fetch_add(1, Ordering::Relaxed),
+            Err(_) => 0,
+        };
+        result
+    }
+
+    async fn run(&self, id: CommandId, kind: RequestKind, body: Vec<u8>) -> Result<Answer, CurpError> {
+        let deadline = tokio::time::Instant::now() + self.timeout * 3;
+        let mut last = CurpError::Timeout(id);
+        let mut attempt = 0usize;
+        while tokio::time::Instant::now() < deadline {
+            attempt += 1;
+            let first_incomplete = self.outstanding.lock().first().copied().unwrap_or(id.seq);
+            let term = self.term.load(Ordering::Relaxed);
+            let msg = CommandMsg {
+                client: id.client,
+                seq: id.seq,
+                first_incomplete,
+                kind: kind_number(kind),
+                body: body.clone(),
+                term,
+            };
+            let leader_at = self.leader.load(Ordering::Relaxed) % self.members.len();
+            let Some(leader) = self.members.get(leader_at) else { return Err(CurpError::Connect("no members".into())) };
+            let mut records: FuturesUnordered<_> = self
+                .members
+                .iter()
+                .filter(|m| m.id != leader.id)
+                .map(|m| {
+                    let msg = msg.clone();
+                    async move {
+                        (m.id, unary::<_, RecordReply>(&m.channel, "/keelcurp.Curp/Record", msg, self.timeout).await)
+                    }
+                })
+                .collect();
+            let propose = unary::<_, ProposeReply>(&leader.channel, "/keelcurp.Curp/Propose", msg, self.timeout);
+            // The witnesses are asked on the same round trip; their answers are gathered while
+            // the leader's is awaited.
+            let mut accepted = 0usize;
+            let mut refused = 0usize;
+            tokio::pin!(propose);
+            let reply = loop {
+                tokio::select! {
+                    r = &mut propose => break r,
+                    Some((_, rec)) = records.next() => match rec {
+                        Ok(r) if r.accepted => accepted += 1,
+                        Ok(r) => {
+                            self.term.fetch_max(r.fence, Ordering::Relaxed);
+                            refused += 1;
+                        }
+                        Err(_) => refused += 1,
+                    },
+                }
+            };
+            let reply = match reply {
+                Ok(r) => r,
+                Err(s) if retryable(&s) => {
+                    self.leader.store(leader_at + 1, Ordering::Relaxed);
+                    last = CurpError::Refused(s);
+                    backoff(attempt).await;
+                    continue;
+                }
+                Err(s) => return Err(CurpError::Refused(s)),
+            };
+            self.term.fetch_max(reply.term, Ordering::Relaxed);
+            match reply.status {
+                status::SYNCED => return Ok(Answer { id, fast: false, result: reply.result }),
+                status::NOT_LEADER => {
+                    let next = self.members.iter().position(|m| m.id == reply.leader).unwrap_or(leader_at + 1);
+                    self.leader.store(next, Ordering::Relaxed);
+                    backoff(attempt).await;
+                    continue;
+                }
+                status::SPECULATIVE => {}
+                other => return Err(CurpError::Connect(format!("unknown propose status {other}"))),
+            }
+            // Speculative: fast if a superquorum of pools (the leader's and the witnesses')
+            // took it in the leader's term.
+            let needed = superquorum(reply.voters.len().max(1)).saturating_sub(1);
+            let witnesses = reply.voters.len().saturating_sub(1);
+            if reply.term == term {
+                while accepted < needed && accepted + (witnesses - refused.min(witnesses) - accepted) >= needed {
+                    // A witness still to answer could make it; wait for it, a little.
+                    match tokio::time::timeout(self.timeout, records.next()).await {
+                        Ok(Some((_, Ok(r)))) if r.accepted => accepted += 1,
+                        Ok(Some((_, Ok(r)))) => {
+                            self.term.fetch_max(r.fence, Ordering::Relaxed);
+                            refused += 1;
+                        }
+                        Ok(Some((_, Err(_)))) => refused += 1,
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                if accepted >= needed {
+                    return Ok(Answer { id, fast: true, result: reply.result });
+                }
+            }
+            // Slow path: the command is in the leader's log; wait for it to apply.
+            match self.wait_synced_at(leader_at, id).await {
+                Ok(result) => return Ok(Answer { id, fast: false, result }),
+                Err(s) if retryable(&s) => {
+                    last = CurpError::Refused(s);
+                    continue;
+                }
+                Err(s) => return Err(CurpError::Refused(s)),
+            }
+        }
+        Err(match last {
+            CurpError::Refused(_) => CurpError::Timeout(id),
+            other => other,
+        })
+    }
+
+    async fn wait_synced_at(&self, member: usize, id: CommandId) -> Result<Vec<u8>, tonic::Status> {
+        let Some(m) = self.members.get(member % self.members.len().max(1)) else {
+            return Err(tonic::Status::unavailable("keel: no members"));
+        };
+        let req = WaitSyncedRequest { client: id.client, seq: id.seq };
+        let r: SyncedReply = unary(&m.channel, "/keelcurp.Curp/WaitSynced", req, self.timeout).await?;
+        Ok(r.result)
+    }
+
+    /// The applied answer (with its revision) of a command this session sent and has not yet
+    /// moved past (the members keep answers until the session's next write says it has them).
+    pub async fn synced(&self, id: CommandId) -> Result<Vec<u8>, CurpError> {
+        let deadline = tokio::time::Instant::now() + self.timeout * 3;
+        let mut at = self.leader.load(Ordering::Relaxed);
+        let mut last = CurpError::Timeout(id);
+        while tokio::time::Instant::now() < deadline {
+            match self.wait_synced_at(at, id).await {
+                Ok(r) => return Ok(r),
+                Err(s) if retryable(&s) => {
+                    at += 1;
+                    last = CurpError::Refused(s);
+                }
+                Err(s) => return Err(CurpError::Refused(s)),
+            }
+        }
+        Err(last)
+    }
+}
+
+async fn backoff(attempt: usize) {
+    tokio::time::sleep(Duration::from_millis((10 * attempt as u64).min(200))).await;
+}

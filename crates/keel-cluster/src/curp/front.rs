@@ -1,0 +1,163 @@
+//! The leader's front end: the one point every write on the leader passes, in the order it is
+//! appended to the log, so that what the leader answers speculatively is what applying the log
+//! will produce.
+//!
+//! Invariants:
+//! - **Speculative order is log order.** Every proposal this member makes while it leads (etcd
+//!   writes, forwarded writes, lease expiry, compaction, CURP commands, a new leader's
+//!   re-proposals) is handed to Raft under one lock, so the log holds them in the order the
+//!   front saw them.
+//! - **A speculative answer is the applied answer.** A CURP command is executed early only
+//!   when nothing pending (proposed by this leader and not yet applied here) conflicts with it
+//!   and the gate is open; the gate opens in a term only after every entry of earlier terms
+//!   has applied here and the witnesses' commands have been proposed again (`recovery`). So
+//!   the keys it reads and writes are exactly as the applied state shows them when it applies.
+//!   Its revision is not known early (commands that commute may be re-proposed in another
+//!   order by a new leader), so the early answer carries none; the synced answer does.
+//! - **A read sees every write answered early.** A linearizable read waits until every
+//!   command answered speculatively before it arrived has applied (`wait_speculative`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::impls::ProgressResponder;
+use parking_lot::Mutex;
+
+use super::witness::{self, Footprint};
+use crate::node::NodeError;
+use crate::types::{Raft, Request, Response};
+
+/// A write the leader proposed and has not yet applied.
+struct Pending {
+    footprint: Footprint,
+    /// Answered before commit: readers wait for it.
+    speculative: bool,
+    /// Set when it has applied (or its fate left this leader's hands).
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+/// What the front answers for a submitted write.
+pub struct Submitted {
+    /// The early answer of a CURP command executed speculatively (header revision 0).
+    pub speculative: Option<Response>,
+    /// Completes with the applied answer (or the error that ended the proposal).
+    pub applied: tokio::sync::oneshot::Receiver<Result<Response, NodeError>>,
+}
+
+/// The leader's ordering point and its gate (see the module doc).
+pub struct Front {
+    /// Held while a write is checked and handed to Raft: the order of holders is log order.
+    order: tokio::sync::Mutex<()>,
+    pending: Arc<Mutex<HashMap<u64, Pending>>>,
+    next: AtomicU64,
+    /// `Some(term)`: this member leads in `term`, has recovered, and takes writes and
+    /// speculation; `None`: writes wait (a new leader recovering) or go elsewhere.
+    gate: tokio::sync::watch::Sender<Option<u64>>,
+}
+
+impl Default for Front {
+    fn default() -> Self {
+        Front::new()
+    }
+}
+
+impl Front {
+    pub fn new() -> Front {
+        Front {
+            order: tokio::sync::Mutex::new(()),
+            pending: Arc::new(Mutex::new(HashMap::new())),
+            next: AtomicU64::new(1),
+            gate: tokio::sync::watch::channel(None).0,
+        }
+    }
+
+    /// Closes the gate (leadership lost, or a new term begins recovering).
+    pub fn close(&self) {
+        self.gate.send_replace(None);
+    }
+
+    /// Opens the gate for `term`: recovery is done.
+    pub fn open(&self, term: u64) {
+        self.gate.send_replace(Some(term));
+    }
+
+    /// The term the gate is open for.
+    pub fn open_term(&self) -> Option<u64> {
+        *self.gate.borrow()
+    }
+
+    /// Waits (at most `timeout`) until the gate is open for `term`.
+    pub async fn wait_open(&self, term: u64, timeout: Duration) -> bool {
+        let mut rx = self.gate.subscribe();
+        let open = tokio::time::timeout(timeout, async { rx.wait_for(|g| *g == Some(term)).await.is_ok() }).await;
+        open.unwrap_or(false)
+    }
+
+    /// Number of writes proposed and not yet applied.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    /// Hands `req` to Raft in front order. With `speculate`, a CURP command that conflicts
+    /// with nothing pending (and arrives while the gate is open in `term`) is executed
+    /// against the applied state and answered at once.
+    pub async fn submit(
+        &self,
+        raft: &Raft,
+        sm: &crate::state_machine::Shared,
+        req: Request,
+        speculate: Option<u64>,
+    ) -> Result<Submitted, NodeError> {
+        let footprint = match super::Command::from_request(&req) {
+            Some(cmd) => witness::footprint(cmd.kind, &cmd.body),
+            None => witness::footprint(req.kind, &req.body),
+        }
+        .unwrap_or(Footprint::All);
+        let order = self.order.lock().await;
+        let may_speculate = speculate.is_some() && self.open_term() == speculate;
+        let speculative = if may_speculate
+            && !self.pending.lock().values().any(|p| witness::conflicts(&p.footprint, &footprint))
+        {
+            super::Command::from_request(&req).and_then(|cmd| crate::state_machine::speculate(sm, cmd.kind, &cmd.body))
+        } else {
+            None
+        };
+        let (responder, rx) = ProgressResponder::complete_only();
+        raft.client_write_ff(req, Some(responder)).await.map_err(|e| NodeError::Other(e.to_string()))?;
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+        self.pending.lock().insert(n, Pending { footprint, speculative: speculative.is_some(), done: done_rx });
+        drop(order);
+        let (tx, applied) = tokio::sync::oneshot::channel();
+        let pending = Arc::clone(&self.pending);
+        tokio::spawn(async move {
+            let result = match rx.await {
+                Ok(Ok(resp)) => Ok(resp.data),
+                // Refused before it was appended: safe to send elsewhere.
+                Ok(Err(openraft::errors::ClientWriteError::ForwardToLeader(f))) => {
+                    Err(NodeError::NotLeader(f.leader_id))
+                }
+                Ok(Err(_)) => Err(NodeError::Timeout),
+                Err(_) => Err(NodeError::Timeout),
+            };
+            pending.lock().remove(&n);
+            done_tx.send_replace(true);
+            let _ = tx.send(result);
+        });
+        Ok(Submitted { speculative, applied })
+    }
+
+    /// Waits until every write answered speculatively before now has applied (or left this
+    /// leader's hands), at most `timeout`; false on timeout.
+    pub async fn wait_speculative(&self, timeout: Duration) -> bool {
+        let waits: Vec<_> = self.pending.lock().values().filter(|p| p.speculative).map(|p| p.done.clone()).collect();
+        let all = async {
+            for mut w in waits {
+                let _ = w.wait_for(|d| *d).await;
+            }
+        };
+        tokio::time::timeout(timeout, all).await.is_ok()
+    }
+}

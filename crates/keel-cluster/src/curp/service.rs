@@ -1,0 +1,377 @@
+//! `keelcurp.Curp`: the CURP extension service, served on the client port beside etcd's
+//! services (plain etcd clients never see it and keep the Raft path).
+//!
+//! - `Propose` (to the leader): records the command in the leader's own witness pool and
+//!   hands it to the front. If the client's term is the leader's, the pool took it and nothing
+//!   pending conflicts, the answer is speculative and immediate; otherwise the answer comes
+//!   once the command has applied (`SYNCED`). Either way the command is in the log.
+//! - `Record` (to every other voter): the witness records the command or refuses it.
+//! - `WaitSynced` (to any member): the applied answer of a command, with its revision.
+//!
+//! Messages are protobuf (prost), so any gRPC client can speak it; `client.rs` is ours.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use prost::Message;
+use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+use super::witness::Refusal;
+use super::{Command, CommandId};
+use crate::node::{Node, NodeError};
+use crate::types::{RequestKind, Response};
+
+/// `ProposeRequest` and `RecordRequest`: a command and the term its client believes current.
+#[derive(Clone, PartialEq, Message)]
+pub struct CommandMsg {
+    #[prost(uint64, tag = "1")]
+    pub client: u64,
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
+    #[prost(uint64, tag = "3")]
+    pub first_incomplete: u64,
+    /// 1 Put, 2 DeleteRange, 3 Txn.
+    #[prost(int32, tag = "4")]
+    pub kind: i32,
+    /// The etcd request's protobuf encoding.
+    #[prost(bytes = "vec", tag = "5")]
+    pub body: Vec<u8>,
+    #[prost(uint64, tag = "6")]
+    pub term: u64,
+}
+
+/// How a `Propose` was answered.
+pub mod status {
+    /// Executed speculatively: `result` is the early answer (header revision 0).
+    pub const SPECULATIVE: i32 = 0;
+    /// Applied: `result` is the final answer (with its revision).
+    pub const SYNCED: i32 = 1;
+    /// This member does not lead: try `leader` (0: unknown).
+    pub const NOT_LEADER: i32 = 2;
+}
+
+/// The answer to `Propose`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ProposeReply {
+    #[prost(int32, tag = "1")]
+    pub status: i32,
+    /// The leader's term.
+    #[prost(uint64, tag = "2")]
+    pub term: u64,
+    #[prost(uint64, tag = "3")]
+    pub leader: u64,
+    /// The encoded etcd response of the command's kind.
+    #[prost(bytes = "vec", tag = "4")]
+    pub result: Vec<u8>,
+    /// The voting members' ids (the client counts witnesses against them).
+    #[prost(uint64, repeated, tag = "5")]
+    pub voters: Vec<u64>,
+}
+
+/// The answer to `Record`.
+#[derive(Clone, PartialEq, Message)]
+pub struct RecordReply {
+    #[prost(bool, tag = "1")]
+    pub accepted: bool,
+    /// The witness's fence term.
+    #[prost(uint64, tag = "2")]
+    pub fence: u64,
+    /// The witness's member id.
+    #[prost(uint64, tag = "3")]
+    pub member: u64,
+    /// Why it was refused ("conflict", "fenced", "full").
+    #[prost(string, tag = "4")]
+    pub refusal: String,
+}
+
+/// `WaitSynced`: which command.
+#[derive(Clone, PartialEq, Message)]
+pub struct WaitSyncedRequest {
+    #[prost(uint64, tag = "1")]
+    pub client: u64,
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
+}
+
+/// The applied answer (an etcd error is a gRPC status instead).
+#[derive(Clone, PartialEq, Message)]
+pub struct SyncedReply {
+    #[prost(bytes = "vec", tag = "1")]
+    pub result: Vec<u8>,
+}
+
+/// The wire number of a request kind a CURP command may carry.
+pub fn kind_number(kind: RequestKind) -> i32 {
+    match kind {
+        RequestKind::Put => 1,
+        RequestKind::DeleteRange => 2,
+        RequestKind::Txn => 3,
+        _ => 0,
+    }
+}
+
+fn kind_of(n: i32) -> Result<RequestKind, Status> {
+    match n {
+        1 => Ok(RequestKind::Put),
+        2 => Ok(RequestKind::DeleteRange),
+        3 => Ok(RequestKind::Txn),
+        _ => Err(Status::invalid_argument(format!(
+            "keel: CURP command kind {n} is not Put (1), DeleteRange (2) or Txn (3)"
+        ))),
+    }
+}
+
+/// Checks a command as the etcd API would check its request; returns it with its kind.
+fn command_of(node: &Node, m: CommandMsg) -> Result<(Command, u64), Status> {
+    if m.client == 0 || m.seq == 0 {
+        return Err(Status::invalid_argument(
+            "keel: a CURP command needs a client id and a sequence number (both > 0)",
+        ));
+    }
+    if m.first_incomplete > m.seq {
+        return Err(Status::invalid_argument("keel: first_incomplete is after the command's own sequence number"));
+    }
+    if node.sm.auth.read().enabled {
+        return Err(Status::failed_precondition(
+            "keel: the CURP extension does not serve clusters with authentication enabled yet; use the etcd API",
+        ));
+    }
+    let kind = kind_of(m.kind)?;
+    crate::etcd_api::check_request(node, kind, &m.body)?;
+    let cmd = Command {
+        id: CommandId { client: m.client, seq: m.seq },
+        first_incomplete: m.first_incomplete,
+        kind,
+        body: m.body,
+    };
+    Ok((cmd, m.term))
+}
+
+fn refusal_text(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::Conflict => "conflict",
+        Refusal::Fenced { .. } => "fenced",
+        Refusal::Full => "full",
+    }
+}
+
+/// The service's handlers.
+#[derive(Clone)]
+pub struct Curp {
+    pub node: Arc<Node>,
+}
+
+impl Curp {
+    async fn propose(&self, req: GrpcRequest<CommandMsg>) -> Result<GrpcResponse<ProposeReply>, Status> {
+        let node = &self.node;
+        let (cmd, client_term) = command_of(node, req.into_inner())?;
+        let term = node.term();
+        let not_leader = |leader: Option<u64>| ProposeReply {
+            status: status::NOT_LEADER,
+            term,
+            leader: leader.unwrap_or(0),
+            ..Default::default()
+        };
+        if node.leader() != Some(node.id) {
+            return Ok(GrpcResponse::new(not_leader(node.leader())));
+        }
+        // A retry of a command that has applied: its recorded answer, never a new execution.
+        match node.sm.curp_result(cmd.id) {
+            Ok(Some(Response::Ok(result))) => {
+                let voters = node.voters();
+                return Ok(GrpcResponse::new(ProposeReply {
+                    status: status::SYNCED,
+                    term,
+                    leader: node.id,
+                    result,
+                    voters,
+                }));
+            }
+            Ok(Some(Response::Err(e))) => return Err(crate::etcd_api::apply_status(e)),
+            Ok(None) => {}
+            Err(e) => return Err(Status::internal(e.to_string())),
+        }
+        // The leader's own pool holds the command as another witness would (its log holds it
+        // too, but a deposed leader's log may be cut; its pool is fenced like any other).
+        let recorded = client_term == term
+            && node.front.open_term() == Some(term)
+            && node.witness.record(cmd.id, term, cmd.kind, cmd.body.clone()).is_ok();
+        let request = cmd.to_request().map_err(|e| Status::internal(e.to_string()))?;
+        let submitted = match node.propose(request, recorded.then_some(term)).await {
+            Ok(s) => s,
+            Err(NodeError::NotLeader(l)) => {
+                if recorded {
+                    node.witness.discard(cmd.id);
+                }
+                return Ok(GrpcResponse::new(not_leader(l)));
+            }
+            Err(e) => return Err(crate::etcd_api::node_status(e)),
+        };
+        let voters = node.voters();
+        if let Some(Response::Ok(result)) = submitted.speculative {
+            return Ok(GrpcResponse::new(ProposeReply {
+                status: status::SPECULATIVE,
+                term,
+                leader: node.id,
+                result,
+                voters,
+            }));
+        }
+        match tokio::time::timeout(node.request_timeout, submitted.applied).await {
+            Ok(Ok(Ok(Response::Ok(result)))) => {
+                Ok(GrpcResponse::new(ProposeReply { status: status::SYNCED, term, leader: node.id, result, voters }))
+            }
+            Ok(Ok(Ok(Response::Err(e)))) => Err(crate::etcd_api::apply_status(e)),
+            Ok(Ok(Err(NodeError::NotLeader(l)))) => Ok(GrpcResponse::new(not_leader(l))),
+            Ok(Ok(Err(e))) => Err(crate::etcd_api::node_status(e)),
+            _ => Err(crate::etcd_api::node_status(NodeError::Timeout)),
+        }
+    }
+
+    async fn record(&self, req: GrpcRequest<CommandMsg>) -> Result<GrpcResponse<RecordReply>, Status> {
+        let node = &self.node;
+        let (cmd, term) = command_of(node, req.into_inner())?;
+        let member = node.id;
+        if !node.voters().contains(&member) {
+            return Ok(GrpcResponse::new(RecordReply {
+                accepted: false,
+                fence: 0,
+                member,
+                refusal: "not a voter".into(),
+            }));
+        }
+        // A copy of a command that has applied here (a retry) is durable already: accept it
+        // without pooling it, or it would linger (its apply has passed).
+        if matches!(node.sm.curp_result(cmd.id), Ok(Some(_))) {
+            return Ok(GrpcResponse::new(RecordReply {
+                accepted: true,
+                fence: node.witness.fence_term(),
+                member,
+                refusal: String::new(),
+            }));
+        }
+        Ok(GrpcResponse::new(match node.witness.record(cmd.id, term, cmd.kind, cmd.body) {
+            Ok(()) => RecordReply { accepted: true, fence: node.witness.fence_term(), member, refusal: String::new() },
+            Err(r) => {
+                let fence = match r {
+                    Refusal::Fenced { fence } => fence,
+                    _ => node.witness.fence_term(),
+                };
+                RecordReply { accepted: false, fence, member, refusal: refusal_text(&r).into() }
+            }
+        }))
+    }
+
+    async fn wait_synced(&self, req: GrpcRequest<WaitSyncedRequest>) -> Result<GrpcResponse<SyncedReply>, Status> {
+        let node = &self.node;
+        let r = req.into_inner();
+        let id = CommandId { client: r.client, seq: r.seq };
+        let mut applied = node.sm.applied_tx.subscribe();
+        let deadline = tokio::time::Instant::now() + node.request_timeout;
+        loop {
+            match node.sm.curp_result(id) {
+                Ok(Some(Response::Ok(result))) => return Ok(GrpcResponse::new(SyncedReply { result })),
+                Ok(Some(Response::Err(e))) => return Err(crate::etcd_api::apply_status(e)),
+                Ok(None) => {}
+                Err(e) => return Err(Status::internal(e.to_string())),
+            }
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(crate::etcd_api::node_status(NodeError::Stopped)),
+                // Not applied here in time: its fate is unknown to this member (the client
+                // proposes it again; the dedup table keeps that from applying twice).
+                Err(_) => return Err(crate::etcd_api::node_status(NodeError::Timeout)),
+            }
+        }
+    }
+}
+
+/// The hand-routed tonic service (as `auth_api::AuthServer`).
+#[derive(Clone)]
+pub struct CurpServer {
+    api: Curp,
+}
+
+impl CurpServer {
+    pub fn new(node: Arc<Node>) -> CurpServer {
+        CurpServer { api: Curp { node } }
+    }
+}
+
+impl tonic::server::NamedService for CurpServer {
+    const NAME: &'static str = "keelcurp.Curp";
+}
+
+type Reply<T> = Pin<Box<dyn Future<Output = Result<GrpcResponse<T>, Status>> + Send>>;
+
+struct Unary<F>(Option<F>);
+
+impl<Req, Resp, F> tonic::server::UnaryService<Req> for Unary<F>
+where
+    F: FnOnce(GrpcRequest<Req>) -> Reply<Resp>,
+    Resp: Send + 'static,
+{
+    type Response = Resp;
+    type Future = Reply<Resp>;
+
+    fn call(&mut self, request: GrpcRequest<Req>) -> Self::Future {
+        match self.0.take() {
+            Some(f) => f(request),
+            None => Box::pin(async { Err(Status::internal("keel: handler called twice")) }),
+        }
+    }
+}
+
+fn unary<B, Req, Resp, F>(req: http::Request<B>, f: F) -> BoxFuture<http::Response<tonic::body::Body>, Infallible>
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+    Req: Message + Default + Send + 'static,
+    Resp: Message + Send + 'static,
+    F: FnOnce(GrpcRequest<Req>) -> Reply<Resp> + Send + 'static,
+{
+    Box::pin(async move {
+        let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
+        let mut grpc = tonic::server::Grpc::new(codec);
+        Ok(grpc.unary(Unary(Some(f)), req).await)
+    })
+}
+
+impl<B> Service<http::Request<B>> for CurpServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let api = self.api.clone();
+        match req.uri().path() {
+            "/keelcurp.Curp/Propose" => {
+                unary(req, move |r| -> Reply<_> { Box::pin(async move { api.propose(r).await }) })
+            }
+            "/keelcurp.Curp/Record" => {
+                unary(req, move |r| -> Reply<_> { Box::pin(async move { api.record(r).await }) })
+            }
+            "/keelcurp.Curp/WaitSynced" => {
+                unary(req, move |r| -> Reply<_> { Box::pin(async move { api.wait_synced(r).await }) })
+            }
+            _ => Box::pin(async move {
+                let mut response = http::Response::new(tonic::body::Body::default());
+                let headers = response.headers_mut();
+                headers.insert(Status::GRPC_STATUS, (tonic::Code::Unimplemented as i32).into());
+                headers.insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
+                Ok(response)
+            }),
+        }
+    }
+}

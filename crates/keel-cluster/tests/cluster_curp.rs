@@ -1,0 +1,224 @@
+//! The CURP fast path on three in-process members: writes that complete in one round trip,
+//! reads that see them at once, retries that apply once, and a fast write the leader answered
+//! and then died with before anyone else had it in their log (recovered from the witnesses).
+//!
+//! Its own test binary: the link cuts are process-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbPutRequest, PbPutResponse};
+use keel_cluster::curp::client::Client as CurpClient;
+use keel_cluster::curp::service::{status, CommandMsg, ProposeReply};
+use keel_cluster::network::faults;
+use keel_cluster::{ServeConfig, Server};
+use prost::Message;
+
+mod common;
+
+const NAMES: [&str; 3] = ["c1", "c2", "c3"];
+
+fn config(dir: &std::path::Path, ip: &str, ports: (u16, u16), i: usize) -> ServeConfig {
+    common::member_config(dir, "http", ip, ports, &NAMES, i, "curp")
+}
+
+async fn cluster(dir: &std::path::Path, ip: &str, ports: (u16, u16)) -> Vec<Option<Server>> {
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(common::start_retrying(config(dir, ip, ports, i), 20).await));
+    }
+    common::wait_leader(&servers, 20).await;
+    servers
+}
+
+fn urls(ip: &str, ports: (u16, u16)) -> Vec<String> {
+    (0..3).map(|i| format!("http://{ip}:{}", ports.0 + i)).collect()
+}
+
+fn put(k: &str, v: &str) -> PbPutRequest {
+    PbPutRequest { key: k.into(), value: v.into(), ..Default::default() }
+}
+
+async fn get(c: &mut etcd_client::Client, k: &str) -> Option<(String, i64, i64)> {
+    let r = c.get(k, None).await.unwrap();
+    r.kvs().first().map(|kv| (kv.value_str().unwrap().to_string(), kv.version(), kv.mod_revision()))
+}
+
+/// Non-conflicting writes complete on the fast path with revision 0; a linearizable read
+/// right after each one (at any member) sees it; the synced answer carries the revision; and
+/// two sessions hammering one key (conflicts: slow paths) apply every write exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fast_writes_are_read_at_once_and_apply_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(61);
+    let ports = (24310, 24320);
+    let servers = cluster(dir.path(), &ip, ports).await;
+    let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap();
+    let mut etcd = etcd_client::Client::connect(urls(&ip, ports), None).await.unwrap();
+
+    // The first write teaches the session the leader and the term.
+    client.put(&put("warm", "up")).await.unwrap();
+    let mut fast = 0;
+    let mut revisions = Vec::new();
+    for i in 0..20 {
+        let (k, v) = (format!("k{i}"), format!("v{i}"));
+        let a = client.put(&put(&k, &v)).await.unwrap();
+        let resp = PbPutResponse::decode(a.result.as_slice()).unwrap();
+        if a.fast {
+            fast += 1;
+            assert_eq!(resp.header.map_or(0, |h| h.revision), 0, "a fast answer knows no revision yet");
+        }
+        // Linearizable: the read must see the write that completed before it began.
+        assert_eq!(get(&mut etcd, &k).await.map(|g| g.0), Some(v.clone()), "{k} after its write completed");
+        let synced = PbPutResponse::decode(client.synced(a.id).await.unwrap().as_slice()).unwrap();
+        revisions.push(synced.header.unwrap().revision);
+    }
+    assert!(fast >= 15, "only {fast} of 20 writes on distinct keys took the fast path");
+    assert!(revisions.windows(2).all(|w| w[0] < w[1]), "revisions in completion order: {revisions:?}");
+
+    // Two sessions on one key: they conflict, so many go slow; none is lost or doubled.
+    let a = Arc::new(client);
+    let b = Arc::new(CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap());
+    let mut tasks = Vec::new();
+    for (n, c) in [a.clone(), b.clone()].into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            for i in 0..30 {
+                c.put(&put("hot", &format!("{n}-{i}"))).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (_, version, _) = get(&mut etcd, "hot").await.unwrap();
+    assert_eq!(version, 60, "every write of the hot key applied exactly once");
+    let (fa, sa) = a.path_counts();
+    let (fb, sb) = b.path_counts();
+    eprintln!("fast/slow: session a {fa}/{sa}, session b {fb}/{sb}");
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
+
+async fn raw_propose(url: &str, msg: CommandMsg) -> ProposeReply {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/keelcurp.Curp/Propose");
+    grpc.unary(tonic::Request::new(msg), path, tonic_prost::ProstCodec::default()).await.unwrap().into_inner()
+}
+
+/// The same command proposed three times (a client's retries) applies once: one revision, the
+/// key's version 1, and every answer the same. Bad commands are refused and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retries_apply_once_and_bad_commands_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(62);
+    let ports = (24330, 24340);
+    let servers = cluster(dir.path(), &ip, ports).await;
+    let leader = common::wait_leader(&servers, 20).await;
+    let at = servers.iter().flatten().position(|s| s.node.id == leader).unwrap();
+    let url = &urls(&ip, ports)[at];
+    let mut etcd = etcd_client::Client::connect(urls(&ip, ports), None).await.unwrap();
+    let before = etcd.get("zz", None).await.unwrap().header().unwrap().revision();
+    let msg = CommandMsg {
+        client: 77,
+        seq: 1,
+        first_incomplete: 1,
+        kind: 1,
+        body: put("once", "1").encode_to_vec(),
+        term: 0,
+    };
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let r = raw_propose(url, msg.clone()).await;
+        assert_eq!(r.status, status::SYNCED);
+        answers.push(r.result);
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "a retry gets the recorded answer");
+    let (_, version, _) = get(&mut etcd, "once").await.unwrap();
+    assert_eq!(version, 1);
+    let after = etcd.get("zz", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(after, before + 1, "three proposals, one revision");
+
+    // Refused: kind 9, no key, client 0, first_incomplete after seq.
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for bad in [
+        CommandMsg { kind: 9, ..msg.clone() },
+        CommandMsg { seq: 2, body: put("", "x").encode_to_vec(), ..msg.clone() },
+        CommandMsg { client: 0, ..msg.clone() },
+        CommandMsg { seq: 3, first_incomplete: 4, ..msg.clone() },
+        CommandMsg { seq: 5, body: vec![0xff, 0xff, 0xff], ..msg.clone() },
+    ] {
+        grpc.ready().await.unwrap();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/keelcurp.Curp/Propose");
+        let r: Result<tonic::Response<ProposeReply>, _> =
+            grpc.unary(tonic::Request::new(bad.clone()), path, tonic_prost::ProstCodec::default()).await;
+        let e = r.expect_err("a bad command is refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");
+    }
+    let last = etcd.get("zz", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(last, after, "refused commands wrote nothing");
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
+
+/// The leader is cut off from the other members, answers a write speculatively (the
+/// witnesses on the other two members record it: the client reaches them directly), and is
+/// stopped before anyone else has the write in their log. The new leader must find it in the
+/// witnesses' pools and apply it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fast_write_survives_its_leader_dying_before_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(63);
+    let ports = (24350, 24360);
+    let mut servers = cluster(dir.path(), &ip, ports).await;
+    let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap();
+    client.put(&put("warm", "up")).await.unwrap();
+    let leader = common::wait_leader(&servers, 20).await;
+    let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
+    for other in ids.iter().filter(|i| **i != leader) {
+        faults::set_cut(leader, *other, true);
+        faults::set_cut(*other, leader, true);
+    }
+    let answer = client.put(&put("survivor", "fast")).await.unwrap();
+    assert!(answer.fast, "the write must have completed on the fast path for this test to mean anything");
+    let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == leader)).unwrap();
+    let old = servers[at].as_ref().unwrap();
+    assert_eq!(old.node.sm.progress.lock().revision, {
+        // Nothing but the leader's own log has it: no member applied it.
+        let others: Vec<i64> = servers
+            .iter()
+            .flatten()
+            .filter(|s| s.node.id != leader)
+            .map(|s| s.node.sm.progress.lock().revision)
+            .collect();
+        others[0]
+    });
+    servers[at].take().unwrap().stop().await;
+    faults::heal_all();
+    let survivors: Vec<String> = (0..3).filter(|i| *i != at).map(|i| urls(&ip, ports)[i].clone()).collect();
+    let mut etcd = etcd_client::Client::connect(survivors, None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let found = loop {
+        match etcd.get("survivor", None).await {
+            Ok(r) if !r.kvs().is_empty() => break r.kvs()[0].clone(),
+            _ => {}
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the fast write was lost with its leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(found.value(), b"fast");
+    assert_eq!(found.version(), 1, "applied once");
+    // The restarted old leader catches up to the same state.
+    servers[at] = Some(common::start_retrying(config(dir.path(), &ip, ports, at), 20).await);
+    common::wait_leader(&servers, 20).await;
+    let synced = PbPutResponse::decode(client.synced(answer.id).await.unwrap().as_slice()).unwrap();
+    assert_eq!(synced.header.unwrap().revision, found.mod_revision());
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}

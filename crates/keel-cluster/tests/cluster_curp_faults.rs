@@ -1,0 +1,169 @@
+//! CURP under faults: three in-process members; CURP clients writing on the fast path and etcd
+//! clients doing put, linearizable get and compare-and-swap on the same few keys, while a seeded
+//! nemesis isolates members (the leader half the time), delays or loses messages, and stops and
+//! restarts the leader. Every key's history, fast writes included, must be linearizable: a fast
+//! write lost with its leader, or applied twice (an old value coming back), fails the check.
+//! Seeds are printed; `KEEL_CURP_SEED` replays one, `KEEL_CURP_SECS` lengthens the run.
+//!
+//! Its own test binary: the link cuts are process-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::proto::PbPutRequest;
+use keel_cluster::curp::client::Client as CurpClient;
+use keel_cluster::network::faults;
+use keel_cluster::{ServeConfig, Server};
+
+mod common;
+use common::history::{self, Event, Op, Out};
+use rand::{Rng, SeedableRng};
+
+const NAMES: [&str; 3] = ["f1", "f2", "f3"];
+const PORTS: (u16, u16) = (24410, 24420);
+
+fn config(dir: &std::path::Path, ip: &str, i: usize) -> ServeConfig {
+    ServeConfig {
+        election_timeout: Duration::from_millis(300),
+        snapshot_count: 200,
+        ..common::member_config(dir, "http", ip, PORTS, &NAMES, i, "curp-faults")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curp_histories_under_faults_are_linearizable() {
+    let seed: u64 = std::env::var("KEEL_CURP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let secs: u64 = std::env::var("KEEL_CURP_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    eprintln!("curp fault test seed {seed} ({secs} s); replay with KEEL_CURP_SEED={seed}");
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(64);
+    let mut servers: Vec<Option<Server>> = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(common::start_retrying(config(dir.path(), &ip, i), 20).await));
+    }
+    common::wait_leader(&servers, 20).await;
+    let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
+    let urls: Vec<String> = (0..3).map(|i| format!("http://{ip}:{}", PORTS.0 + i as u16)).collect();
+    let shared = history::Shared::default();
+    let history = Arc::clone(&shared.history);
+    let keys = 8usize;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+
+    let mut tasks = Vec::new();
+    for c in 0..3u64 {
+        let plan = history::ClientPlan {
+            url: urls[c as usize].clone(),
+            seed,
+            client: c,
+            keys,
+            deadline,
+            max_ops: usize::MAX,
+            unique_puts: false,
+            timeout: Duration::from_secs(4),
+        };
+        tasks.push(tokio::spawn(history::run_client(plan, shared.clone())));
+    }
+    let fast = Arc::new(AtomicU64::new(0));
+    for c in 0..3u64 {
+        let client = CurpClient::connect(&urls, Duration::from_secs(2)).await.unwrap();
+        let (shared, fast) = (shared.clone(), Arc::clone(&fast));
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((c + 100) << 32));
+            while Instant::now() < deadline {
+                let key = rng.gen_range(0..keys);
+                let v = shared.counter.fetch_add(1, Ordering::Relaxed);
+                let req =
+                    PbPutRequest { key: format!("key{key}").into(), value: v.to_string().into(), ..Default::default() };
+                let call = Instant::now();
+                let out = match client.put(&req).await {
+                    Ok(a) => {
+                        if a.fast {
+                            fast.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Out::Ok
+                    }
+                    Err(_) => Out::Unknown,
+                };
+                let ret = (out == Out::Ok).then(Instant::now);
+                shared.history.lock().push(Event { key, op: Op::Put(v), out, call, ret });
+                if ret.is_none() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }));
+    }
+
+    // Nemesis, one fault at a time, then heal.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    faults::seed(seed);
+    let mut kinds = BTreeMap::new();
+    let mut rounds = 0;
+    while Instant::now() + Duration::from_millis(2500) < deadline {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(300..900))).await;
+        let leader = servers.iter().flatten().find_map(|s| s.node.leader()).unwrap_or(ids[0]);
+        let victim = if rng.gen_bool(0.5) { leader } else { ids[rng.gen_range(0..3)] };
+        let kind = rng.gen_range(0..4);
+        *kinds.entry(["isolate", "delay", "loss", "stop leader"][kind]).or_insert(0) += 1;
+        rounds += 1;
+        if kind == 3 {
+            let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == leader)).unwrap();
+            servers[at].take().unwrap().stop().await;
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1200))).await;
+            servers[at] = Some(common::start_retrying(config(dir.path(), &ip, at), 20).await);
+            continue;
+        }
+        for &other in ids.iter().filter(|o| **o != victim) {
+            match kind {
+                0 => {
+                    faults::set_cut(victim, other, true);
+                    faults::set_cut(other, victim, true);
+                }
+                1 => {
+                    let hi = rng.gen_range(5..60);
+                    faults::set_delay(victim, other, Some((1, hi)));
+                    faults::set_delay(other, victim, Some((1, hi)));
+                }
+                _ => {
+                    let p = rng.gen_range(0.05..0.3);
+                    faults::set_loss(victim, other, p);
+                    faults::set_loss(other, victim, p);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(400..1500))).await;
+        faults::heal_all();
+    }
+    faults::heal_all();
+    eprintln!("faults: {kinds:?}");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    common::wait_leader(&servers, 30).await;
+    for m in 0..3 {
+        let mut client = etcd_client::Client::connect([urls[m].clone()], None).await.unwrap();
+        for key in 0..keys {
+            let call = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(10), client.get(format!("key{key}"), None))
+                .await
+                .unwrap()
+                .unwrap();
+            let v = r.kvs().first().map(|kv| history::parse(kv.value()));
+            history.lock().push(Event { key, op: Op::Get, out: Out::Value(v), call, ret: Some(Instant::now()) });
+        }
+    }
+    let history = history.lock().clone();
+    let ok = history.iter().filter(|e| e.ret.is_some()).count();
+    let fast = fast.load(Ordering::Relaxed);
+    eprintln!("seed {seed}: {} operations ({ok} answered, {fast} fast CURP writes), {rounds} faults", history.len());
+    assert!(rounds >= 3, "the nemesis must have struck");
+    assert!(fast > 20, "too few fast-path writes to mean anything: {fast}");
+    history::assert_linearizable(&history, keys, seed);
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}
