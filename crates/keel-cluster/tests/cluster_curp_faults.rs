@@ -144,8 +144,8 @@ async fn curp_histories_under_faults_are_linearizable() {
         t.await.unwrap();
     }
     common::wait_leader(&servers, 30).await;
-    for m in 0..3 {
-        let mut client = etcd_client::Client::connect([urls[m].clone()], None).await.unwrap();
+    for url in &urls {
+        let mut client = etcd_client::Client::connect([url.clone()], None).await.unwrap();
         for key in 0..keys {
             let call = Instant::now();
             let r = tokio::time::timeout(Duration::from_secs(10), client.get(format!("key{key}"), None))
