@@ -10,6 +10,7 @@
 
 mod commands;
 mod encoding;
+mod load;
 mod serve;
 
 use std::path::PathBuf;

@@ -214,6 +214,9 @@ pub struct ClusterCommand {
 enum ClusterAction {
     /// List the members with their role, leader, Raft term and indexes, and revision.
     Status,
+    /// Drive seed 002's workload (Zipf keys, a share of writes, linearizable reads) for a while
+    /// through the CURP client or etcd's API; prints one line of figures.
+    Load(crate::load::LoadArgs),
     /// Add a member by its peer URLs; then start it with `--initial-cluster-state existing`.
     Add {
         /// The new member's peer URLs (comma-separated).
@@ -323,6 +326,10 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
     runtime()?.block_on(async move {
         let mut client = connect(&cmd.endpoints, tls).await?;
         match cmd.action {
+            ClusterAction::Load(args) => {
+                crate::load::run(&cmd.endpoints, &args).await.map_err(Failure::runtime)?;
+                Ok(0)
+            }
             ClusterAction::Status => {
                 let members = client.member_list().await.map_err(Failure::runtime)?;
                 println!(
@@ -433,7 +440,7 @@ pub fn cluster(cmd: ClusterCommand) -> Result<u8, Failure> {
 }
 
 /// A Go-style duration with one unit: `500ms`, `30s`, `10m`, `1h`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;

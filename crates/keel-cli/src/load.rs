@@ -1,0 +1,200 @@
+//! `keel cluster load`: seed 002's workload against a cluster, through the CURP client (fast
+//! path) or etcd's API (plain Raft; also drives etcd itself), for `keel bench --suite curp`.
+//!
+//! A fixed number of operations are in flight at all times (one per task); each picks a key
+//! from a Zipf distribution over the key space and is a write (`Put` of a value of the given
+//! size) with the given probability, else a linearizable read (`Range` of the key). It prints
+//! one line of `key=value` figures, parsed by the bench suite.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::proto::PbPutRequest;
+use keel_cluster::curp::client::Client as CurpClient;
+use rand::{Rng, SeedableRng};
+
+/// Which client drives the writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Writes through the CURP client (one round trip when the fast path holds).
+    Curp,
+    /// Writes through etcd's KV API (Raft: commit, then answer).
+    Etcd,
+}
+
+/// The workload's shape.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// curp or etcd.
+    #[arg(long, value_enum, default_value = "curp")]
+    pub mode: Mode,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 60)]
+    pub clients: usize,
+    /// How long to run (etcd-style: 500ms, 30s, 1m).
+    #[arg(long, default_value = "10s", value_parser = crate::serve::parse_duration)]
+    pub duration: Duration,
+    /// Percent of operations that are writes.
+    #[arg(long, default_value_t = 10)]
+    pub write_percent: u32,
+    /// Keys drawn from (Zipf over key0 .. keyN-1).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: usize,
+    /// Zipf exponent (0: uniform).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Bytes per written value.
+    #[arg(long, default_value_t = 100)]
+    pub value_size: usize,
+    /// Seed of the key and operation draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Draws ranks 0..n with probability proportional to 1 / (rank + 1)^s (inverse CDF).
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub fn new(n: usize, s: f64) -> Zipf {
+        let mut cdf = Vec::with_capacity(n.max(1));
+        let mut sum = 0.0;
+        for k in 0..n.max(1) {
+            sum += 1.0 / ((k + 1) as f64).powf(s);
+            cdf.push(sum);
+        }
+        for c in &mut cdf {
+            *c /= sum;
+        }
+        Zipf { cdf }
+    }
+
+    pub fn sample(&self, rng: &mut impl Rng) -> usize {
+        let u: f64 = rng.gen();
+        self.cdf.partition_point(|c| *c < u).min(self.cdf.len() - 1)
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    writes: Vec<u32>,
+    reads: Vec<u32>,
+    fast: u64,
+    errors: u64,
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).or(sorted.last()).map_or(0.0, |us| f64::from(*us) / 1000.0)
+}
+
+/// Runs the workload; prints `ops_per_s=... write_p50_ms=... ...` and returns it.
+pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String> {
+    anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
+    anyhow::ensure!(args.write_percent <= 100, "--write-percent is at most 100");
+    anyhow::ensure!(args.keys > 0, "--keys must be at least 1");
+    let zipf = Arc::new(Zipf::new(args.keys, args.zipf));
+    let value = vec![b'v'; args.value_size];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..args.clients {
+        let mut etcd = etcd_client::Client::connect(endpoints, None).await?;
+        let curp = match args.mode {
+            Mode::Curp => Some(CurpClient::connect(endpoints, Duration::from_secs(5)).await?),
+            Mode::Etcd => None,
+        };
+        let (zipf, value, stop, args) = (Arc::clone(&zipf), value.clone(), Arc::clone(&stop), args.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed ^ ((t as u64) << 20));
+            let mut tally = Tally::default();
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("key{}", zipf.sample(&mut rng));
+                let write = rng.gen_range(0..100) < args.write_percent;
+                let start = Instant::now();
+                let ok = if write {
+                    match &curp {
+                        Some(c) => {
+                            let req =
+                                PbPutRequest { key: key.into_bytes(), value: value.clone(), ..Default::default() };
+                            match c.put(&req).await {
+                                Ok(a) => {
+                                    tally.fast += u64::from(a.fast);
+                                    true
+                                }
+                                Err(_) => false,
+                            }
+                        }
+                        None => etcd.put(key, value.clone(), None).await.is_ok(),
+                    }
+                } else {
+                    etcd.get(key, None).await.is_ok()
+                };
+                let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+                match (ok, write) {
+                    (false, _) => tally.errors += 1,
+                    (true, true) => tally.writes.push(us),
+                    (true, false) => tally.reads.push(us),
+                }
+            }
+            tally
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(args.duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Tally::default();
+    for t in tasks {
+        let t = t.await?;
+        all.writes.extend(t.writes);
+        all.reads.extend(t.reads);
+        all.fast += t.fast;
+        all.errors += t.errors;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.writes.sort_unstable();
+    all.reads.sort_unstable();
+    let ops = all.writes.len() + all.reads.len();
+    let line = format!(
+        "ops_per_s={:.0} ops={ops} writes={} fast={} errors={} write_p50_ms={:.3} write_p99_ms={:.3} read_p50_ms={:.3} read_p99_ms={:.3}",
+        ops as f64 / secs,
+        all.writes.len(),
+        all.fast,
+        all.errors,
+        percentile(&all.writes, 0.5),
+        percentile(&all.writes, 0.99),
+        percentile(&all.reads, 0.5),
+        percentile(&all.reads, 0.99),
+    );
+    println!("{line}");
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_favours_low_ranks_and_stays_in_range() {
+        let z = Zipf::new(1000, 0.99);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut counts = vec![0u32; 1000];
+        for _ in 0..100_000 {
+            counts[z.sample(&mut rng)] += 1;
+        }
+        // Rank 0 about twice rank 1 and ~10x rank 9 at s = 0.99; the tail is drawn too.
+        assert!(counts[0] > counts[1] * 3 / 2 && counts[0] < counts[1] * 5 / 2, "{:?}", &counts[..3]);
+        assert!(counts[0] > counts[9] * 7, "{} vs {}", counts[0], counts[9]);
+        assert!(counts[500..].iter().sum::<u32>() > 0);
+        let uniform = Zipf::new(10, 0.0);
+        let mut c = [0u32; 10];
+        for _ in 0..10_000 {
+            c[uniform.sample(&mut rng)] += 1;
+        }
+        assert!(c.iter().all(|n| (800..1200).contains(n)), "{c:?}");
+    }
+}
