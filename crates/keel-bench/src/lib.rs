@@ -39,7 +39,7 @@ pub use crate::child::{child_main, CHILD_COMMAND};
 pub use crate::peers::KNOWN_PEERS;
 
 /// Suite names in the order `keel bench` runs them.
-pub const SUITES: [&str; 9] = [
+pub const SUITES: [&str; 10] = [
     "durability",
     "group-commit",
     "sqlite-compare",
@@ -49,11 +49,12 @@ pub const SUITES: [&str; 9] = [
     "cpu-accounting",
     "engine",
     "cluster",
+    "curp",
 ];
 
 /// Suites that run only when named with `--suite` (they start server processes and need the
 /// Go tools of `scripts/go-tools`).
-pub const OPT_IN_SUITES: [&str; 1] = ["cluster"];
+pub const OPT_IN_SUITES: [&str; 2] = ["cluster", "curp"];
 
 /// How much work each suite does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -259,6 +260,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "cpu-accounting" => suites::cpu_accounting::run(&context)?,
             "engine" => suites::engine::run(&context)?,
             "cluster" => suites::cluster::run(&context)?,
+            "curp" => suites::curp::run(&context)?,
             other => bail!("suite `{other}` has no runner"),
         };
         context.progress.line(suite, format!("done ({} rows)", suite_rows.len()));
@@ -365,7 +367,10 @@ mod tests {
 
     #[test]
     fn selects_suites_in_run_order() {
-        assert_eq!(select_suites(&[]).unwrap(), SUITES.iter().copied().filter(|s| *s != "cluster").collect::<Vec<_>>());
+        assert_eq!(
+            select_suites(&[]).unwrap(),
+            SUITES.iter().copied().filter(|s| !OPT_IN_SUITES.contains(s)).collect::<Vec<_>>()
+        );
         let picked = select_suites(&["mvcc".to_string(), "durability".to_string()]).unwrap();
         assert_eq!(picked, ["durability", "mvcc"]);
         let err = select_suites(&["nope".to_string()]).unwrap_err().to_string();

@@ -24,14 +24,14 @@ const SUITE: &str = "cluster";
 const MEMBERS: usize = 3;
 
 /// One system under test: how to start a member.
-struct System {
-    name: &'static str,
-    program: PathBuf,
-    leading: Vec<String>,
+pub(super) struct System {
+    pub(super) name: &'static str,
+    pub(super) program: PathBuf,
+    pub(super) leading: Vec<String>,
 }
 
 /// The directory holding the pinned Go tools.
-fn tools_dir(context: &SuiteContext) -> PathBuf {
+pub(super) fn tools_dir(context: &SuiteContext) -> PathBuf {
     if let Ok(dir) = std::env::var("KEEL_TOOLS") {
         return PathBuf::from(dir);
     }
@@ -40,7 +40,7 @@ fn tools_dir(context: &SuiteContext) -> PathBuf {
     exe.ancestors().nth(3).map(|root| root.join(".tools/bin")).unwrap_or_else(|| PathBuf::from(".tools/bin"))
 }
 
-fn systems(context: &SuiteContext, tools: &Path) -> Vec<System> {
+pub(super) fn systems(context: &SuiteContext, tools: &Path) -> Vec<System> {
     let mut out = Vec::new();
     if let Some(keel) = context.child_command.first() {
         out.push(System { name: "keel", program: PathBuf::from(keel), leading: vec!["serve".into()] });
@@ -63,9 +63,9 @@ fn systems(context: &SuiteContext, tools: &Path) -> Vec<System> {
 }
 
 /// A running three-member cluster; killed and its directory removed on drop.
-struct Cluster {
-    children: Vec<Child>,
-    endpoints: Vec<String>,
+pub(super) struct Cluster {
+    pub(super) children: Vec<Child>,
+    pub(super) endpoints: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -78,7 +78,12 @@ impl Drop for Cluster {
     }
 }
 
-fn start(context: &SuiteContext, system: &System, base_port: u16, etcdctl: &Path) -> anyhow::Result<Cluster> {
+pub(super) fn start(
+    context: &SuiteContext,
+    system: &System,
+    base_port: u16,
+    etcdctl: &Path,
+) -> anyhow::Result<Cluster> {
     let dir = context.temp_dir(&format!("cluster-{}", system.name))?;
     let peer = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16 + 1);
     let client = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16);
@@ -129,7 +134,7 @@ fn start(context: &SuiteContext, system: &System, base_port: u16, etcdctl: &Path
 }
 
 /// User + system CPU seconds of a process so far, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(super) fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
     let Some(after) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
     let fields: Vec<&str> = after.split_whitespace().collect();

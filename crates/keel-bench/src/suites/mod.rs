@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod cpu_accounting;
+pub mod curp;
 pub mod durability;
 pub mod engine;
 pub mod group_commit;
