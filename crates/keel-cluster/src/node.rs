@@ -535,7 +535,7 @@ impl Node {
                 NodeError::NotLeader(self.leader())
             });
         }
-        self.front.submit(&self.raft, &self.sm, req, speculate.filter(|t| *t == term)).await
+        self.front.submit(&self.raft, &self.sm, req, speculate.filter(|t| *t == term), false).await
     }
 
     /// A read index on this member, which believes it leads: once recovery is done and every

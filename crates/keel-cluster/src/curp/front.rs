@@ -32,7 +32,8 @@ use crate::types::{Raft, Request, Response};
 /// A write the leader proposed and has not yet applied.
 struct Pending {
     footprint: Footprint,
-    /// Answered before commit: readers wait for it.
+    /// Answered before commit (or re-proposed after an earlier leader did): readers wait
+    /// for it.
     speculative: bool,
     /// Set when it has applied (or its fate left this leader's hands).
     done: tokio::sync::watch::Receiver<bool>,
@@ -102,13 +103,16 @@ impl Front {
 
     /// Hands `req` to Raft in front order. With `speculate`, a CURP command that conflicts
     /// with nothing pending (and arrives while the gate is open in `term`) is executed
-    /// against the applied state and answered at once.
+    /// against the applied state and answered at once. `readers_wait`: linearizable reads
+    /// wait for it to apply even if it is not answered early (a new leader's re-proposal of
+    /// a write an earlier leader answered early).
     pub async fn submit(
         &self,
         raft: &Raft,
         sm: &crate::state_machine::Shared,
         req: Request,
         speculate: Option<u64>,
+        readers_wait: bool,
     ) -> Result<Submitted, NodeError> {
         let footprint = match super::Command::from_request(&req) {
             Some(cmd) => witness::footprint(cmd.kind, &cmd.body),
@@ -128,7 +132,8 @@ impl Front {
         raft.client_write_ff(req, Some(responder)).await.map_err(|e| NodeError::Other(e.to_string()))?;
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
-        self.pending.lock().insert(n, Pending { footprint, speculative: speculative.is_some(), done: done_rx });
+        let speculative_for_readers = readers_wait || speculative.is_some();
+        self.pending.lock().insert(n, Pending { footprint, speculative: speculative_for_readers, done: done_rx });
         drop(order);
         let (tx, applied) = tokio::sync::oneshot::channel();
         let pending = Arc::clone(&self.pending);

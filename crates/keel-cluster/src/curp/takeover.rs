@@ -92,7 +92,7 @@ async fn recover(node: Arc<Node>, term: u64) {
         }
         let command = super::Command { id: cmd.id, first_incomplete: 0, kind: cmd.kind, body: cmd.body.clone() };
         let Ok(req) = command.to_request() else { continue };
-        match node.front.submit(&node.raft, &node.sm, req, None).await {
+        match node.front.submit(&node.raft, &node.sm, req, None, true).await {
             Ok(s) => waits.push(s.applied),
             // Raft stopped: leadership is over; the next leader recovers again.
             Err(_) => return,

@@ -89,7 +89,32 @@ pub fn linearizable(events: &[Event]) -> bool {
 pub fn assert_linearizable(history: &[Event], keys: usize, seed: u64) {
     for key in 0..keys {
         let events: Vec<Event> = history.iter().filter(|e| e.key == key).cloned().collect();
-        assert!(linearizable(&events), "seed {seed}: key{key} history is not linearizable ({} events)", events.len());
+        if !linearizable(&events) {
+            // The key's history, by call time, for whoever debugs it.
+            let t0 = history.iter().map(|e| e.call).min().unwrap_or_else(Instant::now);
+            let mut sorted = events.clone();
+            sorted.sort_by_key(|e| e.call);
+            let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1000.0;
+            let text: String = sorted
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{:10.3} {:>10} {:?} -> {:?}\n",
+                        ms(e.call),
+                        e.ret.map_or("-".into(), |r| format!("{:.3}", ms(r))),
+                        e.op,
+                        e.out
+                    )
+                })
+                .collect();
+            let path = std::env::temp_dir().join(format!("keel-history-{seed}-key{key}.txt"));
+            let _ = std::fs::write(&path, text);
+            panic!(
+                "seed {seed}: key{key} history is not linearizable ({} events; written to {})",
+                events.len(),
+                path.display()
+            );
+        }
     }
 }
 
