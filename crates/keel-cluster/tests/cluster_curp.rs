@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use etcd_client::proto::{PbPutRequest, PbPutResponse};
 use keel_cluster::curp::client::Client as CurpClient;
-use keel_cluster::curp::service::{status, CommandMsg, ProposeReply};
+use keel_curp::{status, CommandMsg, ProposeReply};
 use keel_cluster::network::faults;
 use keel_cluster::{ServeConfig, Server};
 use prost::Message;

@@ -9,35 +9,22 @@
 //! - [`recovery`]: which pooled commands a new leader must propose again, and in what order.
 //! - [`front`]: the leader's single ordering point (speculative order is log order).
 //! - [`service`]: the `keelcurp.Curp` gRPC service beside etcd's.
-//! - [`client`]: the Rust client with the fast path.
+//! - [`client`]: the Rust client with the fast path (crate `keel-curp`).
 
 use serde::{Deserialize, Serialize};
 
 use crate::types::{Request, RequestKind};
 
-pub mod client;
 pub mod front;
 pub mod recovery;
 pub mod service;
 pub mod takeover;
 pub mod witness;
 
-/// A command's identity: the client session that sent it and its sequence number there.
-/// Applying a command records its result under this id, so a retry (or a witness's copy
-/// proposed again by a new leader) is answered from the record and never applied twice.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CommandId {
-    /// Chosen at random by the client session (never 0).
-    pub client: u64,
-    /// 1, 2, 3, ... per session.
-    pub seq: u64,
-}
-
-impl std::fmt::Display for CommandId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:x}#{}", self.client, self.seq)
-    }
-}
+/// The client (`keel-curp`, a crate of its own so the Python package can use it).
+pub use keel_curp::client;
+/// A command's identity (client session, sequence number): see `keel_curp::CommandId`.
+pub use keel_curp::CommandId;
 
 /// What a CURP log entry carries (the body of a [`RequestKind::Curp`] request).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,8 @@
 //! - `Record` (to every other voter): the witness records the command or refuses it.
 //! - `WaitSynced` (to any member): the applied answer of a command, with its revision.
 //!
-//! Messages are protobuf (prost), so any gRPC client can speak it; `client.rs` is ours.
+//! Messages are protobuf (prost, defined in the `keel-curp` crate with our client), so any gRPC
+//! client can speak it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,105 +21,18 @@ use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::witness::Refusal;
+use keel_curp::{status, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest};
+
 use super::{Command, CommandId};
 use crate::node::{Node, NodeError};
 use crate::types::{RequestKind, Response};
 
-/// `ProposeRequest` and `RecordRequest`: a command and the term its client believes current.
-#[derive(Clone, PartialEq, Message)]
-pub struct CommandMsg {
-    #[prost(uint64, tag = "1")]
-    pub client: u64,
-    #[prost(uint64, tag = "2")]
-    pub seq: u64,
-    #[prost(uint64, tag = "3")]
-    pub first_incomplete: u64,
-    /// 1 Put, 2 DeleteRange, 3 Txn.
-    #[prost(int32, tag = "4")]
-    pub kind: i32,
-    /// The etcd request's protobuf encoding.
-    #[prost(bytes = "vec", tag = "5")]
-    pub body: Vec<u8>,
-    #[prost(uint64, tag = "6")]
-    pub term: u64,
-}
-
-/// How a `Propose` was answered.
-pub mod status {
-    /// Executed speculatively: `result` is the early answer (header revision 0).
-    pub const SPECULATIVE: i32 = 0;
-    /// Applied: `result` is the final answer (with its revision).
-    pub const SYNCED: i32 = 1;
-    /// This member does not lead: try `leader` (0: unknown).
-    pub const NOT_LEADER: i32 = 2;
-}
-
-/// The answer to `Propose`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ProposeReply {
-    #[prost(int32, tag = "1")]
-    pub status: i32,
-    /// The leader's term.
-    #[prost(uint64, tag = "2")]
-    pub term: u64,
-    #[prost(uint64, tag = "3")]
-    pub leader: u64,
-    /// The encoded etcd response of the command's kind.
-    #[prost(bytes = "vec", tag = "4")]
-    pub result: Vec<u8>,
-    /// The voting members' ids (the client counts witnesses against them).
-    #[prost(uint64, repeated, tag = "5")]
-    pub voters: Vec<u64>,
-}
-
-/// The answer to `Record`.
-#[derive(Clone, PartialEq, Message)]
-pub struct RecordReply {
-    #[prost(bool, tag = "1")]
-    pub accepted: bool,
-    /// The witness's fence term.
-    #[prost(uint64, tag = "2")]
-    pub fence: u64,
-    /// The witness's member id.
-    #[prost(uint64, tag = "3")]
-    pub member: u64,
-    /// Why it was refused ("conflict", "fenced", "full").
-    #[prost(string, tag = "4")]
-    pub refusal: String,
-}
-
-/// `WaitSynced`: which command.
-#[derive(Clone, PartialEq, Message)]
-pub struct WaitSyncedRequest {
-    #[prost(uint64, tag = "1")]
-    pub client: u64,
-    #[prost(uint64, tag = "2")]
-    pub seq: u64,
-}
-
-/// The applied answer (an etcd error is a gRPC status instead).
-#[derive(Clone, PartialEq, Message)]
-pub struct SyncedReply {
-    #[prost(bytes = "vec", tag = "1")]
-    pub result: Vec<u8>,
-}
-
-/// The wire number of a request kind a CURP command may carry.
-pub fn kind_number(kind: RequestKind) -> i32 {
-    match kind {
-        RequestKind::Put => 1,
-        RequestKind::DeleteRange => 2,
-        RequestKind::Txn => 3,
-        _ => 0,
-    }
-}
-
 fn kind_of(n: i32) -> Result<RequestKind, Status> {
-    match n {
-        1 => Ok(RequestKind::Put),
-        2 => Ok(RequestKind::DeleteRange),
-        3 => Ok(RequestKind::Txn),
-        _ => Err(Status::invalid_argument(format!(
+    match Kind::from_number(n) {
+        Some(Kind::Put) => Ok(RequestKind::Put),
+        Some(Kind::DeleteRange) => Ok(RequestKind::DeleteRange),
+        Some(Kind::Txn) => Ok(RequestKind::Txn),
+        None => Err(Status::invalid_argument(format!(
             "keel: CURP command kind {n} is not Put (1), DeleteRange (2) or Txn (3)"
         ))),
     }

@@ -19,9 +19,9 @@ use prost::Message;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
-use super::service::{kind_number, status, CommandMsg, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest};
-use super::CommandId;
-use crate::types::RequestKind;
+use crate::{
+    status, superquorum, CommandId, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest,
+};
 
 /// Failures of a CURP write.
 #[derive(Debug, thiserror::Error)]
@@ -45,12 +45,6 @@ pub struct Answer {
     pub fast: bool,
     /// The etcd response of the request's kind, protobuf-encoded.
     pub result: Vec<u8>,
-}
-
-/// The members a superquorum is counted over: f + ⌈f/2⌉ + 1 of n = 2f + 1 (3 of 3, 4 of 5).
-pub fn superquorum(n: usize) -> usize {
-    let f = n.saturating_sub(1) / 2;
-    f + f.div_ceil(2) + 1
 }
 
 struct Member {
@@ -177,11 +171,11 @@ impl Client {
 
     /// An etcd Put.
     pub async fn put(&self, req: &etcd_client::proto::PbPutRequest) -> Result<Answer, CurpError> {
-        self.execute(RequestKind::Put, req.encode_to_vec()).await
+        self.execute(Kind::Put, req.encode_to_vec()).await
     }
 
     /// Runs an etcd write (Put, DeleteRange or Txn, protobuf-encoded) as one CURP command.
-    pub async fn execute(&self, kind: RequestKind, body: Vec<u8>) -> Result<Answer, CurpError> {
+    pub async fn execute(&self, kind: Kind, body: Vec<u8>) -> Result<Answer, CurpError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.outstanding.lock().insert(seq);
         let result = self.run(CommandId { client: self.client, seq }, kind, body).await;
@@ -194,7 +188,7 @@ impl Client {
         result
     }
 
-    async fn run(&self, id: CommandId, kind: RequestKind, body: Vec<u8>) -> Result<Answer, CurpError> {
+    async fn run(&self, id: CommandId, kind: Kind, body: Vec<u8>) -> Result<Answer, CurpError> {
         let deadline = tokio::time::Instant::now() + self.timeout * 3;
         let mut last = CurpError::Timeout(id);
         let mut attempt = 0usize;
@@ -206,7 +200,7 @@ impl Client {
                 client: id.client,
                 seq: id.seq,
                 first_incomplete,
-                kind: kind_number(kind),
+                kind: kind as i32,
                 body: body.clone(),
                 term,
             };
