@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::proto::PbPutRequest;
-use keel_cluster::curp::client::Client as CurpClient;
+use keel_curp::client::Client as CurpClient;
+use keel_curp::etcd::PutRequest as PbPutRequest;
 use rand::{Rng, SeedableRng};
 
 /// Which client drives the writes.

@@ -8,11 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::proto::{PbPutRequest, PbPutResponse};
+use etcd_client::proto::PbPutResponse;
 use keel_cluster::curp::client::Client as CurpClient;
-use keel_curp::{status, CommandMsg, ProposeReply};
 use keel_cluster::network::faults;
 use keel_cluster::{ServeConfig, Server};
+use keel_curp::etcd::PutRequest as PbPutRequest;
+use keel_curp::{status, CommandMsg, ProposeReply};
 use prost::Message;
 
 mod common;

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::proto::PbPutRequest;
 use keel_cluster::curp::client::Client as CurpClient;
 use keel_cluster::network::faults;
 use keel_cluster::{ServeConfig, Server};
+use keel_curp::etcd::PutRequest as PbPutRequest;
 
 mod common;
 use common::history::{self, Event, Op, Out};

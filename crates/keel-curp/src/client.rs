@@ -12,12 +12,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::proto::{PbMemberListRequest, PbMemberListResponse};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
 use prost::Message;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::etcd::{MemberListRequest, MemberListResponse, PutRequest};
 
 use crate::{
     status, superquorum, CommandId, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest,
@@ -108,11 +109,11 @@ impl Client {
             // A member that has just started publishes its client URLs a moment later: ask
             // again (bounded) until every voter has them, or go on with those that do.
             let deadline = tokio::time::Instant::now() + timeout;
-            let list: PbMemberListResponse = loop {
-                let list: PbMemberListResponse = match unary(
+            let list: MemberListResponse = loop {
+                let list: MemberListResponse = match unary(
                     &channel,
                     "/etcdserverpb.Cluster/MemberList",
-                    PbMemberListRequest { linearizable: true },
+                    MemberListRequest { linearizable: true },
                     timeout,
                 )
                 .await
@@ -123,7 +124,7 @@ impl Client {
                         continue 'endpoints;
                     }
                 };
-                let complete = list.members.iter().filter(|m| !m.is_learner).all(|m| !m.client_ur_ls.is_empty());
+                let complete = list.members.iter().filter(|m| !m.is_learner).all(|m| !m.client_urls.is_empty());
                 if complete || tokio::time::Instant::now() >= deadline {
                     break list;
                 }
@@ -131,7 +132,7 @@ impl Client {
             };
             let mut members = Vec::new();
             for m in list.members.iter().filter(|m| !m.is_learner) {
-                let Some(u) = m.client_ur_ls.first() else { continue };
+                let Some(u) = m.client_urls.first() else { continue };
                 let e = Endpoint::from_shared(u.clone()).map_err(|e| CurpError::Connect(format!("{u}: {e}")))?;
                 members.push(Member { id: m.id, channel: e.connect_timeout(timeout).tcp_nodelay(true).connect_lazy() });
             }
@@ -170,7 +171,7 @@ impl Client {
     }
 
     /// An etcd Put.
-    pub async fn put(&self, req: &etcd_client::proto::PbPutRequest) -> Result<Answer, CurpError> {
+    pub async fn put(&self, req: &PutRequest) -> Result<Answer, CurpError> {
         self.execute(Kind::Put, req.encode_to_vec()).await
     }
 

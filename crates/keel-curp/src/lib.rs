@@ -10,6 +10,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 pub mod client;
+pub mod etcd;
 
 /// A command's identity: the client session that sent it and its sequence number there.
 /// Applying a command records its result under this id, so a retry (or a witness's copy

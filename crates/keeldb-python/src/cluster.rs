@@ -794,6 +794,8 @@ pub(crate) struct Inner {
     /// The endpoint to try first: the one that answered last.
     preferred: AtomicUsize,
     pub(crate) timeout: Duration,
+    /// The CURP session (`curp_put`), made at first use.
+    pub(crate) curp: parking_lot::Mutex<Option<Arc<keel_curp::client::Client>>>,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
@@ -922,7 +924,7 @@ pub fn connect(py: Python<'_>, endpoints: &Bound<'_, PyAny>, timeout: f64) -> Py
                 .map_err(|e| format!("{url}: {e}"))?;
             endpoints.push((url.clone(), client));
         }
-        Ok(Inner { runtime, endpoints, preferred: AtomicUsize::new(0), timeout })
+        Ok(Inner { runtime, endpoints, preferred: AtomicUsize::new(0), timeout, curp: parking_lot::Mutex::new(None) })
     });
     let inner = inner.map_err(PyValueError::new_err)?;
     Ok(Client { inner: RwLock::new(Some(Arc::new(inner))), endpoints: urls, timeout: timeout.as_secs_f64() })

@@ -14,6 +14,7 @@
 
 mod cluster;
 mod coord;
+mod curp;
 mod db;
 mod errors;
 mod graph;
