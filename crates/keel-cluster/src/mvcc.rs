@@ -251,14 +251,14 @@ impl KeySpan {
         }
     }
 
-    fn contains(&self, k: &[u8]) -> bool {
+    pub(crate) fn contains(&self, k: &[u8]) -> bool {
         match self {
             KeySpan::One(key) => key == k,
             KeySpan::Range(start, end) => k >= start.as_slice() && end.as_ref().is_none_or(|e| k < e.as_slice()),
         }
     }
 
-    fn overlaps(&self, other: &KeySpan) -> bool {
+    pub(crate) fn overlaps(&self, other: &KeySpan) -> bool {
         match (self, other) {
             (KeySpan::One(k), s) | (s, KeySpan::One(k)) => s.contains(k),
             (KeySpan::Range(a0, a1), KeySpan::Range(b0, b1)) => {

@@ -544,7 +544,7 @@ impl Node {
         let term = self.term();
         if self.leader() == Some(self.id)
             && (!self.front.wait_open(term, self.request_timeout).await
-                || !self.front.wait_speculative(self.request_timeout).await)
+                || !self.front.wait_speculative(None, self.request_timeout).await)
         {
             return Err(PeerResponse::Error(NodeError::Timeout.to_string()));
         }

@@ -15,7 +15,9 @@
 //!   Its revision is not known early (commands that commute may be re-proposed in another
 //!   order by a new leader), so the early answer carries none; the synced answer does.
 //! - **A read sees every write answered early.** A linearizable read waits until every
-//!   command answered speculatively before it arrived has applied (`wait_speculative`).
+//!   command answered speculatively before it arrived has applied (`wait_speculative`), on
+//!   any key: its header revision must count every write that completed before it, and a write
+//!   answered early has no place in the revision order until it commits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,11 +116,7 @@ impl Front {
         speculate: Option<u64>,
         readers_wait: bool,
     ) -> Result<Submitted, NodeError> {
-        let footprint = match super::Command::from_request(&req) {
-            Some(cmd) => witness::footprint(cmd.kind, &cmd.body),
-            None => witness::footprint(req.kind, &req.body),
-        }
-        .unwrap_or(Footprint::All);
+        let footprint = witness::footprint(req.kind, &req.body);
         let order = self.order.lock().await;
         let may_speculate = speculate.is_some() && self.open_term() == speculate;
         let speculative = if may_speculate
@@ -154,10 +152,17 @@ impl Front {
         Ok(Submitted { speculative, applied })
     }
 
-    /// Waits until every write answered speculatively before now has applied (or left this
-    /// leader's hands), at most `timeout`; false on timeout.
-    pub async fn wait_speculative(&self, timeout: Duration) -> bool {
-        let waits: Vec<_> = self.pending.lock().values().filter(|p| p.speculative).map(|p| p.done.clone()).collect();
+    /// Waits until every write answered speculatively before now that conflicts with `read`
+    /// (every one, for `None`) has applied (or left this leader's hands), at most `timeout`;
+    /// false on timeout.
+    pub async fn wait_speculative(&self, read: Option<&Footprint>, timeout: Duration) -> bool {
+        let waits: Vec<_> = self
+            .pending
+            .lock()
+            .values()
+            .filter(|p| p.speculative && read.is_none_or(|r| witness::conflicts(&p.footprint, r)))
+            .map(|p| p.done.clone())
+            .collect();
         let all = async {
             for mut w in waits {
                 let _ = w.wait_for(|d| *d).await;
