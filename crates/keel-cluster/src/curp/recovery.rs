@@ -30,7 +30,12 @@ pub fn threshold(collected: usize, voters: usize) -> usize {
 /// The commands to propose again, in order, from the pools of `pools.len()` members (at least
 /// a majority of `voters`, the new leader's own among them).
 pub fn recover(pools: &[(u64, Vec<Pooled>)], voters: usize) -> Vec<Pooled> {
-    let need = threshold(pools.len(), voters);
+    recover_with_threshold(pools, threshold(pools.len(), voters))
+}
+
+/// [`recover`] with the threshold given (the model check breaks the rule with it, to show
+/// that it would notice).
+pub fn recover_with_threshold(pools: &[(u64, Vec<Pooled>)], need: usize) -> Vec<Pooled> {
     let mut count: HashMap<CommandId, usize> = HashMap::new();
     let mut first: HashMap<CommandId, Pooled> = HashMap::new();
     for (_, pool) in pools {
