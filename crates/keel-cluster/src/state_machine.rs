@@ -110,6 +110,20 @@ pub struct Shared {
 pub type CurpHook = Arc<dyn Fn(&[CommandId]) + Send + Sync>;
 
 impl Shared {
+    /// Whether CURP command `id` has applied on this member: its result is recorded, or its
+    /// client has moved past it (the result forgotten because the client has it).
+    pub fn curp_applied(&self, id: CommandId) -> io::Result<bool> {
+        if self.curp_result(id)?.is_some() {
+            return Ok(true);
+        }
+        let txn = self.db.begin_read().map_err(io_err)?;
+        let floor: u64 = match txn.get(crate::curp::CLIENTS, &id.client.to_be_bytes()).map_err(io_err)? {
+            Some(v) => bincode::deserialize(&v).map_err(io_err)?,
+            None => 0,
+        };
+        Ok(id.seq < floor)
+    }
+
     /// The recorded result of CURP command `id`, if it has applied on this member and its
     /// client has not yet said it has the answer.
     pub fn curp_result(&self, id: CommandId) -> io::Result<Option<Response>> {

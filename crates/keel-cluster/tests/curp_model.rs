@@ -6,6 +6,7 @@
 //!    old term) is recovered from the fenced majority's pools;
 //! 2. no two recovered commands conflict;
 //! 3. a command that completed before another was first sent comes first.
+//!
 //! A broken threshold (one less) is shown to be caught.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -31,6 +32,7 @@ struct Scenario {
 }
 
 #[derive(Debug)]
+#[allow(dead_code)] // the fields are for the failure message
 enum Broken {
     Lost(u64),
     Conflict(u64, u64),
@@ -119,7 +121,7 @@ fn permutations(items: &mut Vec<(usize, usize)>, k: usize, f: &mut impl FnMut(&[
     }
     for i in 0..k {
         permutations(items, k - 1, f);
-        let j = if k % 2 == 0 { i } else { 0 };
+        let j = if k.is_multiple_of(2) { i } else { 0 };
         items.swap(j, k - 1);
     }
 }

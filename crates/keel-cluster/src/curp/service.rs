@@ -157,9 +157,11 @@ impl Curp {
                 refusal: "not a voter".into(),
             }));
         }
-        // A copy of a command that has applied here (a retry) is durable already: accept it
-        // without pooling it, or it would linger (its apply has passed).
-        if matches!(node.sm.curp_result(cmd.id), Ok(Some(_))) {
+        // A record of a command that has applied here (a retry, or a record slower than the
+        // log) is durable already: accept it without pooling it, or it would linger in the
+        // pool for good (its apply, which removes it, has passed), slowing every record and
+        // refusing fast paths on its keys.
+        if matches!(node.sm.curp_applied(cmd.id), Ok(true)) {
             return Ok(GrpcResponse::new(RecordReply {
                 accepted: true,
                 fence: node.witness.fence_term(),

@@ -24,6 +24,8 @@ use crate::types::RequestKind;
 /// Most commands a pool holds. A record is checked against every pooled command, so the bound
 /// also bounds that work (a pool is normally a few commands: they leave when applied).
 pub const MAX_COMMANDS: usize = 10_000;
+/// Applied command ids a witness remembers (see `Pool::recent`).
+pub const RECENT: usize = 65_536;
 /// Most bytes of command bodies a pool holds.
 pub const MAX_BYTES: usize = 64 << 20;
 
@@ -127,6 +129,11 @@ pub enum Refusal {
 }
 
 struct Pool {
+    /// Commands this member applied lately: a record of one arriving after its apply (a retry,
+    /// or a record slower than the log) is accepted without being pooled, since it is durable
+    /// and nothing would ever remove it.
+    recent: std::collections::HashSet<CommandId>,
+    recent_order: std::collections::VecDeque<CommandId>,
     max_commands: usize,
     max_bytes: usize,
     fence: u64,
@@ -153,7 +160,16 @@ impl Witness {
 
     /// A witness with other bounds (tests).
     pub fn with_limits(max_commands: usize, max_bytes: usize) -> Witness {
-        let pool = Pool { max_commands, max_bytes, fence: 0, next: 0, bytes: 0, entries: Vec::new() };
+        let pool = Pool {
+            recent: std::collections::HashSet::new(),
+            recent_order: std::collections::VecDeque::new(),
+            max_commands,
+            max_bytes,
+            fence: 0,
+            next: 0,
+            bytes: 0,
+            entries: Vec::new(),
+        };
         Witness { pool: Mutex::new(pool) }
     }
 
@@ -162,6 +178,9 @@ impl Witness {
     pub fn record(&self, id: CommandId, term: u64, kind: RequestKind, body: Vec<u8>) -> Result<(), Refusal> {
         let fp = footprint(kind, &body);
         let mut p = self.pool.lock();
+        if p.recent.contains(&id) {
+            return Ok(());
+        }
         if term < p.fence {
             return Err(Refusal::Fenced { fence: p.fence });
         }
@@ -210,13 +229,25 @@ impl Witness {
         p.bytes = p.entries.iter().map(|(e, _)| e.body.len()).sum();
     }
 
-    /// Forgets commands this member has applied.
+    /// Forgets commands this member has applied, and remembers the last [`RECENT`] of them.
     pub fn applied(&self, ids: &[CommandId]) {
         if ids.is_empty() {
             return;
         }
-        let ids: std::collections::HashSet<&CommandId> = ids.iter().collect();
-        self.retain(|e| !ids.contains(&e.id));
+        let set: std::collections::HashSet<&CommandId> = ids.iter().collect();
+        let mut p = self.pool.lock();
+        p.entries.retain(|(e, _)| !set.contains(&e.id));
+        p.bytes = p.entries.iter().map(|(e, _)| e.body.len()).sum();
+        for id in ids {
+            if p.recent.insert(*id) {
+                p.recent_order.push_back(*id);
+            }
+        }
+        while p.recent_order.len() > RECENT {
+            if let Some(old) = p.recent_order.pop_front() {
+                p.recent.remove(&old);
+            }
+        }
     }
 
     /// Forgets commands recorded in terms below `term` (their leader's successor has
@@ -328,6 +359,11 @@ mod tests {
         assert_eq!(w.fence(4).iter().map(|p| p.id.seq).collect::<Vec<_>>(), [4, 5]);
         w.discard(id(4));
         assert_eq!(w.fence(4).iter().map(|p| p.id.seq).collect::<Vec<_>>(), [5]);
+        // A record arriving after its command applied here is accepted and not pooled (it
+        // would never leave), even below the fence: it is durable already.
+        w.applied(&[id(9)]);
+        w.record(id(9), 1, RequestKind::Put, put("a")).unwrap();
+        assert_eq!(w.len(), 1);
     }
 
     #[test]
