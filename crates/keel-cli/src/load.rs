@@ -50,6 +50,11 @@ pub struct LoadArgs {
     /// Seed of the key and operation draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Emulated round trip to every member, in ms (0: none): each call waits half of it before
+    /// it is sent and half after its answer (calls made together overlap). Start the members
+    /// with KEEL_EMULATED_PEER_DELAY_MS set to half of it to put the same distance between them.
+    #[arg(long, default_value_t = 0.0)]
+    pub rtt_ms: f64,
 }
 
 /// Draws ranks 0..n with probability proportional to 1 / (rank + 1)^s (inverse CDF).
@@ -98,6 +103,9 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
     anyhow::ensure!(args.write_percent <= 100, "--write-percent is at most 100");
     anyhow::ensure!(args.keys > 0, "--keys must be at least 1");
+    anyhow::ensure!(args.rtt_ms >= 0.0 && args.rtt_ms < 10_000.0, "--rtt-ms must be between 0 and 10000");
+    let rtt = Duration::from_secs_f64(args.rtt_ms / 1000.0);
+    let half = rtt / 2;
     let zipf = Arc::new(Zipf::new(args.keys, args.zipf));
     let value = vec![b'v'; args.value_size];
     let stop = Arc::new(AtomicBool::new(false));
@@ -105,7 +113,7 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     for t in 0..args.clients {
         let mut etcd = etcd_client::Client::connect(endpoints, None).await?;
         let curp = match args.mode {
-            Mode::Curp => Some(CurpClient::connect(endpoints, Duration::from_secs(5)).await?),
+            Mode::Curp => Some(CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt)),
             Mode::Etcd => None,
         };
         let (zipf, value, stop, args) = (Arc::clone(&zipf), value.clone(), Arc::clone(&stop), args.clone());
@@ -129,10 +137,18 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
                                 Err(_) => false,
                             }
                         }
-                        None => etcd.put(key, value.clone(), None).await.is_ok(),
+                        None => {
+                            tokio::time::sleep(half).await;
+                            let ok = etcd.put(key, value.clone(), None).await.is_ok();
+                            tokio::time::sleep(half).await;
+                            ok
+                        }
                     }
                 } else {
-                    etcd.get(key, None).await.is_ok()
+                    tokio::time::sleep(half).await;
+                    let ok = etcd.get(key, None).await.is_ok();
+                    tokio::time::sleep(half).await;
+                    ok
                 };
                 let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
                 match (ok, write) {

@@ -159,6 +159,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
     let cmd_log_level = cmd.log_level.clone();
     let config = cmd.config()?;
+    // A benchmark aid: emulated distance between members (this member waits this long before
+    // each peer message and each answer it sends), for `keel cluster load --rtt-ms`.
+    if let Ok(v) = std::env::var("KEEL_EMULATED_PEER_DELAY_MS") {
+        let ms: u64 = v.parse().map_err(|_| {
+            Failure::usage(anyhow::anyhow!("KEEL_EMULATED_PEER_DELAY_MS must be a number of milliseconds, not {v:?}"))
+        })?;
+        eprintln!("keel: emulating {ms} ms one-way on every peer link (KEEL_EMULATED_PEER_DELAY_MS)");
+        keel_cluster::network::faults::set_default_delay(Some(ms));
+    }
     runtime()?.block_on(async move {
         let server = keel_cluster::Server::start(config).await.map_err(|e| match e {
             keel_cluster::StartError::Config(e) => Failure::usage(e),

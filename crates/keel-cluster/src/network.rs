@@ -61,13 +61,18 @@ pub mod faults {
     struct Links {
         cut: HashSet<(u64, u64)>,
         delay_ms: HashMap<(u64, u64), (u64, u64)>,
+        /// The delay of every link without one of its own (emulated distance, not a fault).
+        default_delay_ms: Option<u64>,
         loss: HashMap<(u64, u64), f64>,
         rng: u64,
     }
 
     impl Links {
         fn any(&self) -> bool {
-            !(self.cut.is_empty() && self.delay_ms.is_empty() && self.loss.is_empty())
+            !(self.cut.is_empty()
+                && self.delay_ms.is_empty()
+                && self.loss.is_empty()
+                && self.default_delay_ms.is_none())
         }
 
         /// xorshift64*: enough for fault draws, no dependency.
@@ -120,6 +125,14 @@ pub mod faults {
         });
     }
 
+    /// Delays every message on every link without a delay of its own by `ms` (`None`: no
+    /// delay): emulated distance between members for benchmarks (`keel serve` sets it from
+    /// `KEEL_EMULATED_PEER_DELAY_MS`). The sender waits before each message and each answer, so
+    /// one request and its answer take twice `ms`.
+    pub fn set_default_delay(ms: Option<u64>) {
+        with(|l| l.default_delay_ms = ms);
+    }
+
     /// Loses each message from `a` to `b` with probability `p` (0 removes the loss).
     pub fn set_loss(a: u64, b: u64, p: f64) {
         with(|l| {
@@ -134,12 +147,15 @@ pub mod faults {
     /// Heals every link: no cuts, delays or losses.
     pub fn heal_all() {
         let mut g = LINKS.lock();
+        let mut any = false;
         if let Some(l) = g.as_mut() {
             l.cut.clear();
             l.delay_ms.clear();
             l.loss.clear();
+            // The emulated distance is not a fault: it stays.
+            any = l.any();
         }
-        ANY.store(false, Ordering::Release);
+        ANY.store(any, Ordering::Release);
     }
 
     /// Whether the link from `a` to `b` is cut.
@@ -153,7 +169,9 @@ pub mod faults {
             return None;
         }
         with(|l| {
-            let (lo, hi) = *l.delay_ms.get(&(a, b))?;
+            let Some((lo, hi)) = l.delay_ms.get(&(a, b)).copied() else {
+                return l.default_delay_ms.map(Duration::from_millis);
+            };
             let span = hi.saturating_sub(lo) + 1;
             Some(Duration::from_millis(lo + l.next() % span))
         })
@@ -1301,5 +1319,15 @@ mod tests {
         assert!((700..1300).contains(&lost), "{lost} of 4000 lost at p = 0.25");
         faults::heal_all();
         assert!(!faults::lost(1, 2) && !faults::is_cut(2, 1) && faults::delay(1, 3).is_none());
+        // The emulated distance applies to every link without a delay of its own and outlives
+        // a heal.
+        faults::set_default_delay(Some(4));
+        faults::set_delay(1, 3, Some((1, 1)));
+        assert_eq!(faults::delay(2, 1), Some(Duration::from_millis(4)));
+        assert_eq!(faults::delay(1, 3), Some(Duration::from_millis(1)));
+        faults::heal_all();
+        assert_eq!(faults::delay(1, 3), Some(Duration::from_millis(4)));
+        faults::set_default_delay(None);
+        assert_eq!(faults::delay(1, 3), None);
     }
 }

@@ -671,10 +671,24 @@ impl CurpApply {
         self.records.insert(id, Some(response.clone()));
         if cmd.first_incomplete > floor {
             // The client has the answers of everything below `first_incomplete`: forget them.
+            // Records exist only from the old floor up, so look those up one by one (usually
+            // one: a client's floor moves with each command); only a long jump scans the
+            // client's prefix (a scan walks the deleted records' history too, so scanning on
+            // every command made each apply slower than the last: 262 -> 754 us of server CPU
+            // per op over three 60 s bench runs).
             let mut stale: Vec<CommandId> = Vec::new();
-            for (k, _) in w.txn.scan_prefix_in(crate::curp::DEDUP, &client).map_err(io_err)? {
-                if let Some(seq) = k.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes) {
-                    stale.push(CommandId { client: id.client, seq });
+            if cmd.first_incomplete - floor <= 64 {
+                for seq in floor..cmd.first_incomplete {
+                    let old = CommandId { client: id.client, seq };
+                    if w.txn.get_in(crate::curp::DEDUP, &crate::curp::dedup_key(old)).map_err(io_err)?.is_some() {
+                        stale.push(old);
+                    }
+                }
+            } else {
+                for (k, _) in w.txn.scan_prefix_in(crate::curp::DEDUP, &client).map_err(io_err)? {
+                    if let Some(seq) = k.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes) {
+                        stale.push(CommandId { client: id.client, seq });
+                    }
                 }
             }
             stale.extend(self.records.keys().filter(|r| r.client == id.client).copied());
@@ -1047,6 +1061,7 @@ mod tests {
             curp(7, 3, 3, "x", "3"), // the client has the answers of 1 and 2
             curp(7, 1, 1, "x", "1"), // a copy of 1 after that: refused
             curp(7, 3, 3, "x", "3"),
+            curp(9, 100, 100, "y", "100"), // a long jump: the client's records are scanned
         ];
         let entries: Vec<Entry> =
             requests.into_iter().enumerate().map(|(i, (k, b))| entry(i as u64 + 1, k, b)).collect();
@@ -1071,9 +1086,9 @@ mod tests {
             batched[6]
         );
         for sm in [&one, &all] {
-            assert_eq!(sm.shared.progress.lock().revision, 5);
+            assert_eq!(sm.shared.progress.lock().revision, 6);
             let kept: Vec<Vec<u8>> = table(sm, crate::curp::DEDUP).into_iter().map(|(k, _)| k).collect();
-            let want: Vec<Vec<u8>> = [(7, 3), (9, 1)]
+            let want: Vec<Vec<u8>> = [(7, 3), (9, 100)]
                 .into_iter()
                 .map(|(client, seq)| crate::curp::dedup_key(CommandId { client, seq }).to_vec())
                 .collect();

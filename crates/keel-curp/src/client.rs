@@ -66,9 +66,39 @@ pub struct Client {
     timeout: Duration,
     fast: AtomicU64,
     slow: AtomicU64,
+    /// Emulated distance to every member: half of it is waited before each call and half
+    /// after (`with_emulated_rtt`).
+    half_rtt: Duration,
 }
 
 async fn unary<Req: Message + 'static, Resp: Message + Default + 'static>(
+    channel: &Channel,
+    path: &'static str,
+    req: Req,
+    timeout: Duration,
+) -> Result<Resp, tonic::Status> {
+    unary_at(channel, path, req, timeout, Duration::ZERO).await
+}
+
+/// One call; `half_rtt` is waited before it is sent and after its answer (emulated distance).
+async fn unary_at<Req: Message + 'static, Resp: Message + Default + 'static>(
+    channel: &Channel,
+    path: &'static str,
+    req: Req,
+    timeout: Duration,
+    half_rtt: Duration,
+) -> Result<Resp, tonic::Status> {
+    if !half_rtt.is_zero() {
+        tokio::time::sleep(half_rtt).await;
+    }
+    let answer = unary_now(channel, path, req, timeout).await;
+    if !half_rtt.is_zero() {
+        tokio::time::sleep(half_rtt).await;
+    }
+    answer
+}
+
+async fn unary_now<Req: Message + 'static, Resp: Message + Default + 'static>(
     channel: &Channel,
     path: &'static str,
     req: Req,
@@ -155,9 +185,17 @@ impl Client {
                 timeout,
                 fast: AtomicU64::new(0),
                 slow: AtomicU64::new(0),
+                half_rtt: Duration::ZERO,
             });
         }
         Err(CurpError::Connect(last))
+    }
+
+    /// Emulates `rtt` of distance to every member (a benchmark aid: half before each call, half
+    /// after its answer, so calls made together overlap as over a real link).
+    pub fn with_emulated_rtt(mut self, rtt: Duration) -> Client {
+        self.half_rtt = rtt / 2;
+        self
     }
 
     /// Writes completed on the fast path and on the slow path so far.
@@ -214,11 +252,27 @@ impl Client {
                 .map(|m| {
                     let msg = msg.clone();
                     async move {
-                        (m.id, unary::<_, RecordReply>(&m.channel, "/keelcurp.Curp/Record", msg, self.timeout).await)
+                        (
+                            m.id,
+                            unary_at::<_, RecordReply>(
+                                &m.channel,
+                                "/keelcurp.Curp/Record",
+                                msg,
+                                self.timeout,
+                                self.half_rtt,
+                            )
+                            .await,
+                        )
                     }
                 })
                 .collect();
-            let propose = unary::<_, ProposeReply>(&leader.channel, "/keelcurp.Curp/Propose", msg, self.timeout);
+            let propose = unary_at::<_, ProposeReply>(
+                &leader.channel,
+                "/keelcurp.Curp/Propose",
+                msg,
+                self.timeout,
+                self.half_rtt,
+            );
             // The witnesses are asked on the same round trip; their answers are gathered while
             // the leader's is awaited.
             let mut accepted = 0usize;
@@ -301,7 +355,8 @@ impl Client {
             return Err(tonic::Status::unavailable("keel: no members"));
         };
         let req = WaitSyncedRequest { client: id.client, seq: id.seq };
-        let r: SyncedReply = unary(&m.channel, "/keelcurp.Curp/WaitSynced", req, self.timeout).await?;
+        let r: SyncedReply =
+            unary_at(&m.channel, "/keelcurp.Curp/WaitSynced", req, self.timeout, self.half_rtt).await?;
         Ok(r.result)
     }
 
