@@ -55,6 +55,22 @@ pub struct LoadArgs {
     /// with KEEL_EMULATED_PEER_DELAY_MS set to half of it to put the same distance between them.
     #[arg(long, default_value_t = 0.0)]
     pub rtt_ms: f64,
+    /// Send etcd API calls to the leader only (the CURP client always proposes to the leader),
+    /// so a write is not forwarded by a follower on the way.
+    #[arg(long)]
+    pub leader_only: bool,
+}
+
+/// The client URL of the member that leads, asked of each endpoint in turn.
+async fn leader_endpoint(endpoints: &[String]) -> anyhow::Result<String> {
+    for url in endpoints {
+        let Ok(mut c) = etcd_client::Client::connect([url.as_str()], None).await else { continue };
+        let Ok(status) = c.status().await else { continue };
+        if status.leader() == status.header().map_or(0, |h| h.member_id()) {
+            return Ok(url.clone());
+        }
+    }
+    anyhow::bail!("no endpoint says it leads")
 }
 
 /// Draws ranks 0..n with probability proportional to 1 / (rank + 1)^s (inverse CDF).
@@ -109,9 +125,10 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     let zipf = Arc::new(Zipf::new(args.keys, args.zipf));
     let value = vec![b'v'; args.value_size];
     let stop = Arc::new(AtomicBool::new(false));
+    let etcd_endpoints = if args.leader_only { vec![leader_endpoint(endpoints).await?] } else { endpoints.to_vec() };
     let mut tasks = Vec::new();
     for t in 0..args.clients {
-        let mut etcd = etcd_client::Client::connect(endpoints, None).await?;
+        let mut etcd = etcd_client::Client::connect(&etcd_endpoints, None).await?;
         let curp = match args.mode {
             Mode::Curp => Some(CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt)),
             Mode::Etcd => None,

@@ -162,11 +162,13 @@ pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
     // A benchmark aid: emulated distance between members (this member waits this long before
     // each peer message and each answer it sends), for `keel cluster load --rtt-ms`.
     if let Ok(v) = std::env::var("KEEL_EMULATED_PEER_DELAY_MS") {
-        let ms: u64 = v.parse().map_err(|_| {
-            Failure::usage(anyhow::anyhow!("KEEL_EMULATED_PEER_DELAY_MS must be a number of milliseconds, not {v:?}"))
+        let ms: f64 = v.parse().ok().filter(|ms: &f64| (0.0..10_000.0).contains(ms)).ok_or_else(|| {
+            Failure::usage(anyhow::anyhow!(
+                "KEEL_EMULATED_PEER_DELAY_MS must be a number of milliseconds below 10000, not {v:?}"
+            ))
         })?;
         eprintln!("keel: emulating {ms} ms one-way on every peer link (KEEL_EMULATED_PEER_DELAY_MS)");
-        keel_cluster::network::faults::set_default_delay(Some(ms));
+        keel_cluster::network::faults::set_default_delay(Some(Duration::from_secs_f64(ms / 1000.0)));
     }
     runtime()?.block_on(async move {
         let server = keel_cluster::Server::start(config).await.map_err(|e| match e {

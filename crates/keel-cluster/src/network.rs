@@ -62,17 +62,14 @@ pub mod faults {
         cut: HashSet<(u64, u64)>,
         delay_ms: HashMap<(u64, u64), (u64, u64)>,
         /// The delay of every link without one of its own (emulated distance, not a fault).
-        default_delay_ms: Option<u64>,
+        default_delay: Option<Duration>,
         loss: HashMap<(u64, u64), f64>,
         rng: u64,
     }
 
     impl Links {
         fn any(&self) -> bool {
-            !(self.cut.is_empty()
-                && self.delay_ms.is_empty()
-                && self.loss.is_empty()
-                && self.default_delay_ms.is_none())
+            !(self.cut.is_empty() && self.delay_ms.is_empty() && self.loss.is_empty() && self.default_delay.is_none())
         }
 
         /// xorshift64*: enough for fault draws, no dependency.
@@ -125,12 +122,12 @@ pub mod faults {
         });
     }
 
-    /// Delays every message on every link without a delay of its own by `ms` (`None`: no
+    /// Delays every message on every link without a delay of its own by `d` (`None`: no
     /// delay): emulated distance between members for benchmarks (`keel serve` sets it from
     /// `KEEL_EMULATED_PEER_DELAY_MS`). The sender waits before each message and each answer, so
-    /// one request and its answer take twice `ms`.
-    pub fn set_default_delay(ms: Option<u64>) {
-        with(|l| l.default_delay_ms = ms);
+    /// one request and its answer take twice `d`.
+    pub fn set_default_delay(d: Option<Duration>) {
+        with(|l| l.default_delay = d);
     }
 
     /// Loses each message from `a` to `b` with probability `p` (0 removes the loss).
@@ -170,7 +167,7 @@ pub mod faults {
         }
         with(|l| {
             let Some((lo, hi)) = l.delay_ms.get(&(a, b)).copied() else {
-                return l.default_delay_ms.map(Duration::from_millis);
+                return l.default_delay;
             };
             let span = hi.saturating_sub(lo) + 1;
             Some(Duration::from_millis(lo + l.next() % span))
@@ -1321,7 +1318,7 @@ mod tests {
         assert!(!faults::lost(1, 2) && !faults::is_cut(2, 1) && faults::delay(1, 3).is_none());
         // The emulated distance applies to every link without a delay of its own and outlives
         // a heal.
-        faults::set_default_delay(Some(4));
+        faults::set_default_delay(Some(Duration::from_millis(4)));
         faults::set_delay(1, 3, Some((1, 1)));
         assert_eq!(faults::delay(2, 1), Some(Duration::from_millis(4)));
         assert_eq!(faults::delay(1, 3), Some(Duration::from_millis(1)));

@@ -84,6 +84,17 @@ pub(super) fn start(
     base_port: u16,
     etcdctl: &Path,
 ) -> anyhow::Result<Cluster> {
+    start_with_env(context, system, base_port, etcdctl, &[])
+}
+
+/// [`start`] with extra environment variables for the members.
+pub(super) fn start_with_env(
+    context: &SuiteContext,
+    system: &System,
+    base_port: u16,
+    etcdctl: &Path,
+    env: &[(&str, String)],
+) -> anyhow::Result<Cluster> {
     let dir = context.temp_dir(&format!("cluster-{}", system.name))?;
     let peer = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16 + 1);
     let client = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16);
@@ -102,6 +113,7 @@ pub(super) fn start(
             .arg(format!("--initial-cluster={}", initial.join(",")))
             .arg("--initial-cluster-token=keel-bench")
             .arg("--initial-cluster-state=new")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -7,6 +7,9 @@
 //! best one), with the write and read p50/p99 of the median run and the share of writes that
 //! completed on the fast path.
 //!
+//! Then strong writes across emulated distance (1 ms and 10 ms round trips between every two
+//! parties, members and client): one client's write p50 in round trips, fast path and Raft.
+//!
 //! Seed 002's weak (causal) operations are not implemented yet: every operation here is strong.
 
 use std::process::{Child, Command};
@@ -134,6 +137,67 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         rows.push(row("read_p99_us", median.read_p99_ms * 1000.0));
         rows.push(row("fast_path_share", if writes > 0.0 { fast / writes } else { 0.0 }));
         rows.push(row("errors", all.iter().map(|f| f.errors).sum()));
+    }
+    rows.extend(distance(context, &keel, &etcdctl, drives.iter().find(|d| d.0 == "keel-curp").map(|d| &d.2))?);
+    Ok(rows)
+}
+
+/// Strong writes across emulated distance: one client, writes only (Zipf over 1M keys, so
+/// almost never conflicting), with every member-to-member and client-to-member round trip
+/// taking `rtt` (`KEEL_EMULATED_PEER_DELAY_MS` = rtt / 2 on the members, `--rtt-ms` on the
+/// client); the write p50 in round trips, through the CURP client and through etcd's API to the
+/// leader (no follower forwarding on the way). etcd itself is not measured here: its peer links
+/// cannot be delayed without a proxy. The members' delay is a wait before each peer message and
+/// answer; tokio's timer rounds waits up to whole milliseconds, so 1 ms round trips come out
+/// longer than 1 ms (both paths alike).
+fn distance(
+    context: &SuiteContext,
+    keel: &str,
+    etcdctl: &std::path::Path,
+    system: Option<&System>,
+) -> anyhow::Result<Vec<Row>> {
+    let Some(system) = system else { return Ok(Vec::new()) };
+    let secs = match context.scale {
+        Scale::Full => 20,
+        Scale::Quick => 5,
+        Scale::Tiny => 2,
+    };
+    let mut rows = Vec::new();
+    for (n, rtt) in [1u64, 10].into_iter().enumerate() {
+        let env = [("KEEL_EMULATED_PEER_DELAY_MS", (rtt as f64 / 2.0).to_string())];
+        let c = cluster::start_with_env(context, system, 25500 + 100 * n as u16, etcdctl, &env)?;
+        for mode in ["curp", "etcd"] {
+            let out = Command::new(keel)
+                .args(["cluster", &format!("--endpoints={}", c.endpoints.join(",")), "load"])
+                .args([&format!("--mode={mode}"), "--clients=1", "--write-percent=100", "--keys=1000000"])
+                .args(["--zipf=0.99", "--value-size=100", &format!("--duration={secs}s"), &format!("--rtt-ms={rtt}")])
+                .arg("--leader-only")
+                .output()
+                .context("running keel cluster load")?;
+            let f = parse(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or(""));
+            if !out.status.success() || f.writes <= 0.0 {
+                bail!("distance load ({mode}, {rtt} ms) failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let name = if mode == "curp" { "keel-curp" } else { "keel-raft" };
+            context.progress.line(
+                SUITE,
+                format!(
+                    "{name} at {rtt} ms round trips: write p50 {:.2} ms = {:.2} round trips, p99 {:.2} ms, fast {:.0}/{:.0}",
+                    f.write_p50_ms,
+                    f.write_p50_ms / rtt as f64,
+                    f.write_p99_ms,
+                    f.fast,
+                    f.writes
+                ),
+            );
+            let case = format!("write_rtt_{rtt}ms_c1");
+            let row = |metric: &str, v: f64| Row::new(SUITE, name, "fsync", &case, metric, v);
+            rows.push(row("write_p50_us", f.write_p50_ms * 1000.0));
+            rows.push(row("write_p99_us", f.write_p99_ms * 1000.0));
+            rows.push(row("write_p50_round_trips", f.write_p50_ms / rtt as f64));
+            rows.push(row("fast_path_share", if f.writes > 0.0 { f.fast / f.writes } else { 0.0 }));
+        }
+        drop(c);
     }
     Ok(rows)
 }
