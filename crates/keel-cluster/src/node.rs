@@ -70,6 +70,8 @@ pub struct Node {
     pub front: crate::curp::front::Front,
     /// This member's CURP witness pool (`curp::witness`).
     pub witness: Arc<crate::curp::witness::Witness>,
+    /// The weak-write queues of the CURP sessions bound to this member (`curp::weak`).
+    pub weak: crate::curp::weak::Weak,
     /// Set once when the member stops; listeners and connections end on it.
     pub stopping: tokio::sync::watch::Sender<bool>,
     /// Why the member stopped on its own (Raft hit a storage error), if it did.
@@ -298,6 +300,7 @@ impl Node {
             fatal: Mutex::new(None),
             front: crate::curp::front::Front::new(),
             witness: Arc::new(crate::curp::witness::Witness::new()),
+            weak: crate::curp::weak::Weak::new(),
         });
         // The witness forgets each CURP command once this member has applied it.
         let w = Arc::clone(&node.witness);

@@ -134,6 +134,11 @@ impl Shared {
         }
     }
 
+    /// The current store revision.
+    pub fn revision(&self) -> i64 {
+        self.progress.lock().revision
+    }
+
     /// A read view at `revision` (0: newest) and the header revision to report.
     pub fn read_at(&self, revision: i64) -> Result<(ReadTxn, i64), ApplyError> {
         let p = self.progress.lock();

@@ -223,3 +223,104 @@ async fn a_fast_write_survives_its_leader_dying_before_commit() {
         s.stop().await;
     }
 }
+
+/// Weak operations at a follower: a session reads its own weak write at once, a strong write
+/// after weak ones takes the slow path and is ordered after them, a weak read after a fast
+/// strong write sees it, bad weak requests are refused and change nothing, and when the bound
+/// replica stops, the session moves to another one with its unapplied writes and they apply once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weak_sessions_read_their_writes_and_outlive_their_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(65);
+    let ports = (24370, 24380);
+    let mut servers = cluster(dir.path(), &ip, ports).await;
+    let leader = common::wait_leader(&servers, 20).await;
+    let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(3)).await.unwrap();
+    let follower = client.members().iter().position(|id| *id != leader).unwrap();
+    client.bind(follower);
+    let mut etcd = etcd_client::Client::connect(urls(&ip, ports), None).await.unwrap();
+
+    // Read-your-writes at the bound follower, then ordered before the strong write after it.
+    for i in 0..10 {
+        client.weak_put(&put(&format!("w{i}"), &format!("v{i}"))).await.unwrap();
+        let r = client.weak_get(format!("w{i}").as_bytes()).await.unwrap();
+        assert_eq!(r.value.map(|v| v.0), Some(format!("v{i}").into_bytes()), "w{i} right after its weak write");
+    }
+    assert!(client.weak_pending() <= 10);
+    let a = client.put(&put("w0", "strong")).await.unwrap();
+    assert!(!a.fast, "a strong write after unapplied weak writes takes the slow path");
+    assert_eq!(client.weak_pending(), 0, "the strong write waited for the weak ones");
+    let (value, _, w0_rev) = get(&mut etcd, "w0").await.unwrap();
+    assert_eq!(value, "strong");
+    let (_, _, w9_rev) = get(&mut etcd, "w9").await.unwrap();
+    assert!(w9_rev < w0_rev, "the weak writes are in the log before the strong write");
+    // A fast strong write, then a weak read at the follower: it waits for the write to apply.
+    for i in 0..5 {
+        client.put(&put("s", &i.to_string())).await.unwrap();
+        let r = client.weak_get(b"s").await.unwrap();
+        assert_eq!(r.value.map(|v| v.0), Some(i.to_string().into_bytes()), "a weak read after a strong write");
+        assert!(!r.pending);
+    }
+
+    // Bad weak requests: refused, nothing written.
+    let before = etcd.get("zz", None).await.unwrap().header().unwrap().revision();
+    let url = &urls(&ip, ports)[follower];
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string()).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let good =
+        CommandMsg { client: 99, seq: 1, first_incomplete: 1, kind: 1, body: put("bad", "x").encode_to_vec(), term: 0 };
+    let leased = PbPutRequest { key: "bad".into(), value: "x".into(), lease: 5, ..Default::default() };
+    for bad in [
+        CommandMsg { kind: 2, ..good.clone() },
+        CommandMsg { body: leased.encode_to_vec(), ..good.clone() },
+        CommandMsg { body: put("", "x").encode_to_vec(), ..good.clone() },
+        CommandMsg { client: 0, ..good.clone() },
+        CommandMsg { body: vec![0xff, 0xff], ..good.clone() },
+    ] {
+        grpc.ready().await.unwrap();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/keelcurp.Curp/WeakPut");
+        let r: Result<tonic::Response<keel_curp::WeakPutReply>, _> =
+            grpc.unary(tonic::Request::new(bad.clone()), path, tonic_prost::ProstCodec::default()).await;
+        assert_eq!(r.expect_err("a bad weak write is refused").code(), tonic::Code::InvalidArgument, "{bad:?}");
+    }
+    for bad in [
+        keel_curp::WeakGetRequest { client: 99, key: Vec::new(), ..Default::default() },
+        keel_curp::WeakGetRequest { client: 0, key: b"k".to_vec(), ..Default::default() },
+    ] {
+        grpc.ready().await.unwrap();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/keelcurp.Curp/WeakGet");
+        let r: Result<tonic::Response<keel_curp::WeakGetReply>, _> =
+            grpc.unary(tonic::Request::new(bad.clone()), path, tonic_prost::ProstCodec::default()).await;
+        assert_eq!(r.expect_err("a bad weak read is refused").code(), tonic::Code::InvalidArgument, "{bad:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = etcd.get("zz", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(after, before, "refused weak requests wrote nothing");
+
+    // The bound replica stops right after accepting weak writes: the session reads them from
+    // the next replica and they apply, each once.
+    for i in 0..5 {
+        client.weak_put(&put(&format!("f{i}"), "1")).await.unwrap();
+    }
+    let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == client.members()[follower])).unwrap();
+    servers[at].take().unwrap().stop().await;
+    for i in 0..5 {
+        let r = client.weak_get(format!("f{i}").as_bytes()).await.unwrap();
+        assert_eq!(r.value.map(|v| v.0), Some(b"1".to_vec()), "f{i} after the bound replica stopped");
+        assert_ne!(r.member, client.members()[follower]);
+    }
+    client.settle().await.unwrap();
+    let mut etcd = etcd_client::Client::connect(
+        urls(&ip, ports).into_iter().enumerate().filter(|(i, _)| *i != at).map(|(_, u)| u).collect::<Vec<_>>(),
+        None,
+    )
+    .await
+    .unwrap();
+    for i in 0..5 {
+        let (value, version, _) = get(&mut etcd, &format!("f{i}")).await.unwrap();
+        assert_eq!((value.as_str(), version), ("1", 1), "f{i} applied once");
+    }
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}

@@ -3,6 +3,9 @@
 //! nemesis isolates members (the leader half the time), delays or loses messages, and stops and
 //! restarts the leader. Every key's history, fast writes included, must be linearizable: a fast
 //! write lost with its leader, or applied twice (an old value coming back), fails the check.
+//! Beside them, weak sessions (each bound to a different member) do weak puts, weak reads and
+//! strong puts on keys of their own; their histories are checked against the log for causal
+//! anomalies (`common::causal`).
 //! Seeds are printed; `KEEL_CURP_SEED` replays one, `KEEL_CURP_SECS` lengthens the run.
 //!
 //! Its own test binary: the link cuts are process-wide.
@@ -19,6 +22,7 @@ use keel_cluster::{ServeConfig, Server};
 use keel_curp::etcd::PutRequest as PbPutRequest;
 
 mod common;
+use common::causal::{self, SessionOp};
 use common::history::{self, Event, Op, Out};
 use rand::{Rng, SeedableRng};
 
@@ -98,6 +102,45 @@ async fn curp_histories_under_faults_are_linearizable() {
         }));
     }
 
+    // Weak sessions on keys wkey0.. of their own: weak puts, weak reads, now and then a strong
+    // put (after the session's weak writes: the slow path). Values unique.
+    let weak_keys = 6usize;
+    let mut weak_tasks = Vec::new();
+    for c in 0..3usize {
+        let client = CurpClient::connect(&urls, Duration::from_secs(2)).await.unwrap();
+        client.bind(c);
+        let counter = Arc::clone(&shared.counter);
+        weak_tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((c as u64 + 200) << 32));
+            let mut ops = Vec::new();
+            while Instant::now() < deadline {
+                let key = rng.gen_range(0..weak_keys);
+                let k = format!("wkey{key}");
+                match rng.gen_range(0..20) {
+                    0..=8 => {
+                        let value = counter.fetch_add(1, Ordering::Relaxed);
+                        let req = PbPutRequest { key: k.into(), value: value.to_string().into(), ..Default::default() };
+                        let ok = client.weak_put(&req).await.is_ok();
+                        ops.push(SessionOp::Put { key, value, strong: false, ok });
+                    }
+                    9..=17 => {
+                        if let Ok(r) = client.weak_get(k.as_bytes()).await {
+                            let got = r.value.map(|(v, rev)| (history::parse(&v), rev));
+                            ops.push(SessionOp::Get { key, got, pending: r.pending });
+                        }
+                    }
+                    _ => {
+                        let value = counter.fetch_add(1, Ordering::Relaxed);
+                        let req = PbPutRequest { key: k.into(), value: value.to_string().into(), ..Default::default() };
+                        let ok = client.put(&req).await.is_ok();
+                        ops.push(SessionOp::Put { key, value, strong: true, ok });
+                    }
+                }
+            }
+            (client, ops)
+        }));
+    }
+
     // Nemesis, one fault at a time, then heal.
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     faults::seed(seed);
@@ -156,6 +199,30 @@ async fn curp_histories_under_faults_are_linearizable() {
             history.lock().push(Event { key, op: Op::Get, out: Out::Value(v), call, ret: Some(Instant::now()) });
         }
     }
+    // The weak sessions' writes apply (resent where need be), then the log of their keys is
+    // read back from revision 1 and every session is checked against it.
+    let mut sessions = Vec::new();
+    for t in weak_tasks {
+        let (client, ops) = t.await.unwrap();
+        let mut settled = false;
+        for _ in 0..10 {
+            if client.settle().await.is_ok() {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "seed {seed}: a weak session's writes did not apply after the faults healed");
+        sessions.push(ops);
+    }
+    let mut etcd = etcd_client::Client::connect(urls.clone(), None).await.unwrap();
+    let log = weak_log(&mut etcd).await;
+    let log = causal::log_of(&log).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let weak_ops: usize = sessions.iter().map(Vec::len).sum();
+    let pending_reads = sessions.iter().flatten().filter(|o| matches!(o, SessionOp::Get { pending: true, .. })).count();
+    eprintln!("seed {seed}: {weak_ops} weak-session operations ({pending_reads} reads of own pending writes), {} writes applied", log.len());
+    assert!(weak_ops > 30, "too few weak-session operations to mean anything: {weak_ops}");
+    causal::check(&log, &sessions).unwrap_or_else(|e| panic!("seed {seed}: causal anomaly: {e}"));
+
     let history = history.lock().clone();
     let ok = history.iter().filter(|e| e.ret.is_some()).count();
     let fast = fast.load(Ordering::Relaxed);
@@ -165,5 +232,75 @@ async fn curp_histories_under_faults_are_linearizable() {
     history::assert_linearizable(&history, keys, seed);
     for s in servers.into_iter().flatten() {
         s.stop().await;
+    }
+}
+
+/// Every put of the weak sessions' keys since revision 1: (key, value, revision).
+async fn weak_log(etcd: &mut etcd_client::Client) -> Vec<(usize, u64, i64)> {
+    // The newest put of any of the keys: the latest of each key's current value.
+    let now = etcd.get("wkey", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let head = now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(0);
+    let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(1);
+    let mut stream = etcd.watch("wkey", Some(opts)).await.unwrap();
+    let mut puts = Vec::new();
+    let mut last = 0;
+    while last < head {
+        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("the watch from revision 1 stalled")
+            .unwrap()
+            .expect("the watch from revision 1 ended");
+        assert!(!resp.canceled(), "the watch from revision 1 was cancelled: {}", resp.cancel_reason());
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            last = last.max(kv.mod_revision());
+            if e.event_type() == etcd_client::EventType::Put {
+                let key = std::str::from_utf8(kv.key()).unwrap().trim_start_matches("wkey").parse().unwrap();
+                puts.push((key, history::parse(kv.value()), kv.mod_revision()));
+            }
+        }
+    }
+    puts
+}
+
+/// The checker itself catches each anomaly it names (a checker that passes everything would
+/// make the fault test above mean nothing).
+mod checker {
+    use super::causal::{check, log_of, SessionOp};
+
+    fn put(key: usize, value: u64) -> SessionOp {
+        SessionOp::Put { key, value, strong: false, ok: true }
+    }
+    fn get(key: usize, got: Option<(u64, i64)>) -> SessionOp {
+        SessionOp::Get { key, got, pending: false }
+    }
+
+    #[test]
+    fn causal_checker_catches_each_anomaly() {
+        let log = log_of(&[(0, 1, 5), (1, 2, 6), (0, 3, 7)]).unwrap();
+        // Fine: own write read pending, then applied; another key read.
+        let good = vec![
+            put(0, 1),
+            SessionOp::Get { key: 0, got: Some((1, 0)), pending: true },
+            get(0, Some((1, 5))),
+            get(1, Some((2, 6))),
+        ];
+        check(&log, &[good]).unwrap();
+        // Read-your-writes broken: wrote 3 (rev 7), read 1 (rev 5).
+        assert!(check(&log, &[vec![put(0, 3), get(0, Some((1, 5)))]]).is_err());
+        // Monotonic reads broken: saw revision 7, then an older value of key 0.
+        assert!(check(&log, &[vec![get(0, Some((3, 7))), get(0, Some((1, 5)))]]).is_err());
+        // A value never written.
+        assert!(check(&log, &[vec![get(0, Some((9, 8)))]]).is_err());
+        // A completed write that never applied.
+        assert!(check(&log, &[vec![put(1, 42)]]).is_err());
+        // Writes out of session order.
+        assert!(check(&log, &[vec![put(0, 3), put(1, 2)]]).is_err());
+        // Writes-follow-reads: read revision 7, then a weak write at 6.
+        assert!(check(&log, &[vec![get(0, Some((3, 7))), put(1, 2)]]).is_err());
+        // Another session's pending value.
+        assert!(check(&log, &[vec![SessionOp::Get { key: 0, got: Some((1, 0)), pending: true }]]).is_err());
+        // A double apply.
+        assert!(log_of(&[(0, 1, 5), (0, 1, 6)]).is_err());
     }
 }

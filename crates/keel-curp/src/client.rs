@@ -7,6 +7,14 @@
 //!
 //! A fast answer is the etcd response with header revision 0: the revision is decided when the
 //! command applies; [`Client::synced`] waits for it.
+//!
+//! Weak (causal) operations go to the session's bound replica ([`Client::bind`]; any member):
+//! [`Client::weak_put`] completes when that replica accepts the write, which it then forwards
+//! to the leader; the session keeps the write and resends it (to another replica if need be)
+//! until it knows it applied. [`Client::weak_get`] reads that replica's applied state, no older
+//! than what the session has seen, with the session's own accepted writes over it. A strong
+//! write from a session with weak writes not yet known to have applied first waits for them
+//! ([`Client::settle`]) and then takes the slow path.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +30,7 @@ use crate::etcd::{MemberListRequest, MemberListResponse, PutRequest};
 
 use crate::{
     status, superquorum, CommandId, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest,
+    WeakGetReply, WeakGetRequest, WeakPutReply,
 };
 
 /// Failures of a CURP write.
@@ -53,6 +62,28 @@ struct Member {
     channel: Channel,
 }
 
+/// A weak read's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeakValue {
+    /// The value and its revision (0 while it is this session's own write, not yet applied at
+    /// the replica: `pending`).
+    pub value: Option<(Vec<u8>, i64)>,
+    pub pending: bool,
+    /// The replica that answered.
+    pub member: u64,
+}
+
+/// What the session keeps for its weak operations.
+#[derive(Default)]
+struct WeakSession {
+    /// Weak writes accepted and not yet known to have applied, by sequence number.
+    pending: std::collections::BTreeMap<u64, CommandMsg>,
+    /// The newest revision the session has read at (its reads never go below it).
+    min_revision: i64,
+    /// The session's last strong write, until a weak read has seen it applied (0: none).
+    after_seq: u64,
+}
+
 /// A CURP client session (one id; sequence numbers from 1).
 pub struct Client {
     members: Vec<Member>,
@@ -69,6 +100,11 @@ pub struct Client {
     /// Emulated distance to every member: half of it is waited before each call and half
     /// after (`with_emulated_rtt`).
     half_rtt: Duration,
+    /// Index into `members` of the bound replica (weak operations).
+    bound: AtomicUsize,
+    weak: Mutex<WeakSession>,
+    /// Serialises the session's weak writes (sent in sequence order).
+    weak_order: tokio::sync::Mutex<()>,
 }
 
 async fn unary<Req: Message + 'static, Resp: Message + Default + 'static>(
@@ -186,6 +222,9 @@ impl Client {
                 fast: AtomicU64::new(0),
                 slow: AtomicU64::new(0),
                 half_rtt: Duration::ZERO,
+                bound: AtomicUsize::new(0),
+                weak: Mutex::new(WeakSession::default()),
+                weak_order: tokio::sync::Mutex::new(()),
             });
         }
         Err(CurpError::Connect(last))
@@ -215,10 +254,19 @@ impl Client {
 
     /// Runs an etcd write (Put, DeleteRange or Txn, protobuf-encoded) as one CURP command.
     pub async fn execute(&self, kind: Kind, body: Vec<u8>) -> Result<Answer, CurpError> {
+        // After weak writes: they apply first, and this one then goes the slow way.
+        let slow = !self.weak.lock().pending.is_empty();
+        if slow {
+            self.settle().await?;
+        }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.outstanding.lock().insert(seq);
-        let result = self.run(CommandId { client: self.client, seq }, kind, body).await;
+        let result = self.run(CommandId { client: self.client, seq }, kind, body, slow).await;
         self.outstanding.lock().remove(&seq);
+        if result.is_ok() {
+            // The session's next weak read waits until it has applied at the replica.
+            self.weak.lock().after_seq = seq;
+        }
         match &result {
             Ok(a) if a.fast => self.fast.fetch_add(1, Ordering::Relaxed),
             Ok(_) => self.slow.fetch_add(1, Ordering::Relaxed),
@@ -227,14 +275,22 @@ impl Client {
         result
     }
 
-    async fn run(&self, id: CommandId, kind: Kind, body: Vec<u8>) -> Result<Answer, CurpError> {
+    /// The lowest sequence number this session still waits on (strong or weak), or `seq`.
+    fn first_incomplete(&self, seq: u64) -> u64 {
+        let strong = self.outstanding.lock().first().copied().unwrap_or(seq);
+        let weak = self.weak.lock().pending.keys().next().copied().unwrap_or(seq);
+        strong.min(weak).min(seq)
+    }
+
+    async fn run(&self, id: CommandId, kind: Kind, body: Vec<u8>, slow: bool) -> Result<Answer, CurpError> {
         let deadline = tokio::time::Instant::now() + self.timeout * 3;
         let mut last = CurpError::Timeout(id);
         let mut attempt = 0usize;
         while tokio::time::Instant::now() < deadline {
             attempt += 1;
-            let first_incomplete = self.outstanding.lock().first().copied().unwrap_or(id.seq);
-            let term = self.term.load(Ordering::Relaxed);
+            let first_incomplete = self.first_incomplete(id.seq);
+            // Term 0 is never the leader's: no speculation, the answer comes after apply.
+            let term = if slow { 0 } else { self.term.load(Ordering::Relaxed) };
             let msg = CommandMsg {
                 client: id.client,
                 seq: id.seq,
@@ -248,7 +304,7 @@ impl Client {
             let mut records: FuturesUnordered<_> = self
                 .members
                 .iter()
-                .filter(|m| m.id != leader.id)
+                .filter(|m| m.id != leader.id && !slow)
                 .map(|m| {
                     let msg = msg.clone();
                     async move {
@@ -317,7 +373,7 @@ impl Client {
             // took it in the leader's term.
             let needed = superquorum(reply.voters.len().max(1)).saturating_sub(1);
             let witnesses = reply.voters.len().saturating_sub(1);
-            if reply.term == term {
+            if reply.term == term && !slow {
                 while accepted < needed && accepted + (witnesses - refused.min(witnesses) - accepted) >= needed {
                     // A witness still to answer could make it; wait for it, a little.
                     match tokio::time::timeout(self.timeout, records.next()).await {
@@ -377,6 +433,167 @@ impl Client {
             }
         }
         Err(last)
+    }
+}
+
+impl Client {
+    /// The voting members' ids, in the order [`Client::bind`] counts them.
+    pub fn members(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+
+    /// Binds the session's weak operations to member `index` (modulo the member count): the
+    /// nearest replica. By default the first member of the list.
+    pub fn bind(&self, index: usize) {
+        self.bound.store(index % self.members.len().max(1), Ordering::Relaxed);
+    }
+
+    /// Weak writes accepted and not yet known to have applied.
+    pub fn weak_pending(&self) -> usize {
+        self.weak.lock().pending.len()
+    }
+
+    fn bound_member(&self) -> Result<&Member, CurpError> {
+        let at = self.bound.load(Ordering::Relaxed) % self.members.len().max(1);
+        self.members.get(at).ok_or_else(|| CurpError::Connect("no members".into()))
+    }
+
+    /// Moves the session to the next replica and resends its pending weak writes there, in
+    /// order, so its reads there see them and that replica forwards what is still unapplied.
+    async fn rebind(&self) -> Result<(), tonic::Status> {
+        let next = (self.bound.load(Ordering::Relaxed) + 1) % self.members.len().max(1);
+        self.bound.store(next, Ordering::Relaxed);
+        let Ok(m) = self.bound_member() else { return Err(tonic::Status::unavailable("keel: no members")) };
+        let pending: Vec<CommandMsg> = self.weak.lock().pending.values().cloned().collect();
+        for msg in pending {
+            let r: WeakPutReply =
+                unary_at(&m.channel, "/keelcurp.Curp/WeakPut", msg, self.timeout, self.half_rtt).await?;
+            self.forget_applied(r.applied_through);
+        }
+        Ok(())
+    }
+
+    fn forget_applied(&self, through: u64) {
+        let mut w = self.weak.lock();
+        w.pending.retain(|seq, _| *seq > through);
+    }
+
+    /// A weak write: a plain etcd Put (no lease), complete when the bound replica accepted it.
+    /// Returns its command id; [`Client::synced`] gives its applied answer once it applied.
+    pub async fn weak_put(&self, req: &PutRequest) -> Result<CommandId, CurpError> {
+        let _order = self.weak_order.lock().await;
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let id = CommandId { client: self.client, seq };
+        let msg = CommandMsg {
+            client: self.client,
+            seq,
+            first_incomplete: self.first_incomplete(seq),
+            kind: Kind::Put as i32,
+            body: req.encode_to_vec(),
+            term: 0,
+        };
+        self.weak.lock().pending.insert(seq, msg.clone());
+        let deadline = tokio::time::Instant::now() + self.timeout * 3;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let m = self.bound_member()?;
+            let r: Result<WeakPutReply, _> =
+                unary_at(&m.channel, "/keelcurp.Curp/WeakPut", msg.clone(), self.timeout, self.half_rtt).await;
+            let err = match r {
+                Ok(r) => {
+                    self.forget_applied(r.applied_through);
+                    return Ok(id);
+                }
+                Err(s) if retryable(&s) || s.code() == tonic::Code::FailedPrecondition => s,
+                Err(s) => {
+                    self.weak.lock().pending.remove(&seq);
+                    return Err(CurpError::Refused(s));
+                }
+            };
+            if tokio::time::Instant::now() >= deadline {
+                // Kept: a later call resends it (its fate is unknown until then).
+                return Err(CurpError::Refused(err));
+            }
+            backoff(attempt).await;
+            // The new replica gets every pending write, this one included, in order.
+            if self.rebind().await.is_ok() {
+                return Ok(id);
+            }
+        }
+    }
+
+    /// A weak point read at the bound replica: its applied state no older than anything this
+    /// session has read, after the session's last strong write, with the session's own
+    /// accepted weak writes over it.
+    pub async fn weak_get(&self, key: &[u8]) -> Result<WeakValue, CurpError> {
+        let deadline = tokio::time::Instant::now() + self.timeout * 3;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (min_revision, after_seq) = {
+                let w = self.weak.lock();
+                (w.min_revision, w.after_seq)
+            };
+            let req = WeakGetRequest { client: self.client, key: key.to_vec(), min_revision, after_seq };
+            let m = self.bound_member()?;
+            match unary_at::<_, WeakGetReply>(&m.channel, "/keelcurp.Curp/WeakGet", req, self.timeout, self.half_rtt)
+                .await
+            {
+                Ok(r) => {
+                    {
+                        let mut w = self.weak.lock();
+                        w.min_revision = w.min_revision.max(r.revision);
+                        if w.after_seq == after_seq {
+                            w.after_seq = 0;
+                        }
+                        w.pending.retain(|seq, _| *seq > r.applied_through);
+                    }
+                    return Ok(WeakValue {
+                        value: r.found.then_some((r.value, r.mod_revision)),
+                        pending: r.pending,
+                        member: r.member,
+                    });
+                }
+                Err(s) if retryable(&s) && tokio::time::Instant::now() < deadline => {
+                    backoff(attempt).await;
+                    let _order = self.weak_order.lock().await;
+                    let _ = self.rebind().await;
+                }
+                Err(s) => return Err(CurpError::Refused(s)),
+            }
+        }
+    }
+
+    /// Waits until every weak write of this session has applied (resending them to another
+    /// replica if the bound one does not answer). Errors with the last one's apply error.
+    pub async fn settle(&self) -> Result<(), CurpError> {
+        let _order = self.weak_order.lock().await;
+        let Some(last) = self.weak.lock().pending.keys().next_back().copied() else { return Ok(()) };
+        let id = CommandId { client: self.client, seq: last };
+        let deadline = tokio::time::Instant::now() + self.timeout * 3;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let at = self.bound.load(Ordering::Relaxed);
+            match self.wait_synced_at(at, id).await {
+                Ok(_) => {
+                    self.forget_applied(last);
+                    return Ok(());
+                }
+                Err(s) if retryable(&s) && tokio::time::Instant::now() < deadline => {
+                    backoff(attempt).await;
+                    let _ = self.rebind().await;
+                }
+                Err(s) => {
+                    if !retryable(&s) {
+                        // Applied (with an error): the log has decided every one of them.
+                        self.forget_applied(last);
+                    }
+                    return Err(CurpError::Refused(s));
+                }
+            }
+        }
     }
 }
 

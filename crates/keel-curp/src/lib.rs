@@ -137,6 +137,58 @@ pub struct SyncedReply {
     pub result: Vec<u8>,
 }
 
+/// The answer to `WeakPut` (the request is a [`CommandMsg`] whose body is a plain
+/// `etcdserverpb.PutRequest`; its term is ignored).
+#[derive(Clone, PartialEq, Message)]
+pub struct WeakPutReply {
+    /// The replica that accepted it.
+    #[prost(uint64, tag = "1")]
+    pub member: u64,
+    /// The session's highest sequence number this replica has seen applied through its
+    /// forwarding (the session's weak writes up to it are in the log and applied here).
+    #[prost(uint64, tag = "2")]
+    pub applied_through: u64,
+}
+
+/// `WeakGet`: a point read at the session's bound replica.
+#[derive(Clone, PartialEq, Message)]
+pub struct WeakGetRequest {
+    #[prost(uint64, tag = "1")]
+    pub client: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub key: Vec<u8>,
+    /// The replica answers from a state at least this new (the session's monotonic reads).
+    #[prost(int64, tag = "3")]
+    pub min_revision: i64,
+    /// The session's command that must have applied at the replica first (0: none): its
+    /// latest strong write, whose fast answer carried no revision (read-your-writes).
+    #[prost(uint64, tag = "4")]
+    pub after_seq: u64,
+}
+
+/// The answer to `WeakGet`.
+#[derive(Clone, PartialEq, Message)]
+pub struct WeakGetReply {
+    #[prost(bool, tag = "1")]
+    pub found: bool,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+    /// The value's revision; 0 when it is the session's own weak write, accepted and not yet
+    /// applied here (`pending`).
+    #[prost(int64, tag = "3")]
+    pub mod_revision: i64,
+    #[prost(bool, tag = "4")]
+    pub pending: bool,
+    /// The replica's revision the read was served at.
+    #[prost(int64, tag = "5")]
+    pub revision: i64,
+    /// As in [`WeakPutReply`].
+    #[prost(uint64, tag = "6")]
+    pub applied_through: u64,
+    #[prost(uint64, tag = "7")]
+    pub member: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@
 //! - [`recovery`]: which pooled commands a new leader must propose again, and in what order.
 //! - [`front`]: the leader's single ordering point (speculative order is log order).
 //! - [`service`]: the `keelcurp.Curp` gRPC service beside etcd's.
+//! - [`weak`]: weak (causal) writes and reads at a session's bound replica.
 //! - [`client`]: the Rust client with the fast path (crate `keel-curp`).
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ pub mod front;
 pub mod recovery;
 pub mod service;
 pub mod takeover;
+pub mod weak;
 pub mod witness;
 
 /// The client (`keel-curp`, a crate of its own so the Python package can use it).

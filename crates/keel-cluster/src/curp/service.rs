@@ -7,6 +7,8 @@
 //!   once the command has applied (`SYNCED`). Either way the command is in the log.
 //! - `Record` (to every other voter): the witness records the command or refuses it.
 //! - `WaitSynced` (to any member): the applied answer of a command, with its revision.
+//! - `WeakPut` and `WeakGet` (to the session's bound replica, any member): weak (causal)
+//!   writes and point reads (`curp::weak`).
 //!
 //! Messages are protobuf (prost, defined in the `keel-curp` crate with our client), so any gRPC
 //! client can speak it.
@@ -21,7 +23,11 @@ use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::witness::Refusal;
-use keel_curp::{status, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest};
+use keel_curp::etcd::PutRequest as PbPutRequest;
+use keel_curp::{
+    status, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest, WeakGetReply, WeakGetRequest,
+    WeakPutReply,
+};
 
 use super::{Command, CommandId};
 use crate::node::{Node, NodeError};
@@ -181,6 +187,50 @@ impl Curp {
         }))
     }
 
+    async fn weak_put(&self, req: GrpcRequest<CommandMsg>) -> Result<GrpcResponse<WeakPutReply>, Status> {
+        let node = &self.node;
+        let (cmd, _) = command_of(node, req.into_inner())?;
+        if cmd.kind != RequestKind::Put {
+            return Err(Status::invalid_argument("keel: a weak write is a Put (kind 1)"));
+        }
+        let put = PbPutRequest::decode(cmd.body.as_slice())
+            .map_err(|e| Status::invalid_argument(format!("keel: undecodable request: {e}")))?;
+        if put.lease != 0 || put.ignore_value || put.ignore_lease {
+            return Err(Status::invalid_argument(
+                "keel: a weak write is a plain Put (no lease, ignore_value or ignore_lease)",
+            ));
+        }
+        let applied_through = node.weak.accept(node, cmd, put.key, put.value)?;
+        Ok(GrpcResponse::new(WeakPutReply { member: node.id, applied_through }))
+    }
+
+    async fn weak_get(&self, req: GrpcRequest<WeakGetRequest>) -> Result<GrpcResponse<WeakGetReply>, Status> {
+        let node = &self.node;
+        let r = req.into_inner();
+        if r.client == 0 {
+            return Err(Status::invalid_argument("keel: a weak read needs its session's client id (> 0)"));
+        }
+        if node.sm.auth.read().enabled {
+            return Err(Status::failed_precondition(
+                "keel: the CURP extension does not serve clusters with authentication enabled yet; use the etcd API",
+            ));
+        }
+        let read = node.weak.read(node, r.client, r.key, r.min_revision, r.after_seq).await?;
+        let (found, value, mod_revision) = match read.value {
+            Some((v, rev)) => (true, v, rev),
+            None => (false, Vec::new(), 0),
+        };
+        Ok(GrpcResponse::new(WeakGetReply {
+            found,
+            value,
+            mod_revision,
+            pending: read.pending,
+            revision: read.revision,
+            applied_through: read.applied_through,
+            member: node.id,
+        }))
+    }
+
     async fn wait_synced(&self, req: GrpcRequest<WaitSyncedRequest>) -> Result<GrpcResponse<SyncedReply>, Status> {
         let node = &self.node;
         let r = req.into_inner();
@@ -280,6 +330,12 @@ where
             }
             "/keelcurp.Curp/WaitSynced" => {
                 unary(req, move |r| -> Reply<_> { Box::pin(async move { api.wait_synced(r).await }) })
+            }
+            "/keelcurp.Curp/WeakPut" => {
+                unary(req, move |r| -> Reply<_> { Box::pin(async move { api.weak_put(r).await }) })
+            }
+            "/keelcurp.Curp/WeakGet" => {
+                unary(req, move |r| -> Reply<_> { Box::pin(async move { api.weak_get(r).await }) })
             }
             _ => Box::pin(async move {
                 let mut response = http::Response::new(tonic::body::Body::default());

@@ -1,7 +1,9 @@
 //! What the in-process cluster tests share: a loopback address of their own, a member's
-//! configuration, and (in `history`) the fault tests' clients and linearizability checker.
+//! configuration, (in `history`) the fault tests' clients and linearizability checker, and (in
+//! `causal`) the checker of weak sessions.
 #![allow(dead_code)]
 
+pub mod causal;
 pub mod history;
 
 use std::path::Path;

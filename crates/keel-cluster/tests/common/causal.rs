@@ -1,0 +1,142 @@
+//! A checker for weak (causal) sessions against the log: every applied put of the checked keys
+//! (key, unique value, revision), read back after the run, is the total order the sessions'
+//! operations must fit. Checked per session, in session order:
+//!
+//! - no read of a write never made: a value read is in the log at the revision the read
+//!   reported, or is the session's own write, reported pending;
+//! - no lost and no doubled write: every write that completed is in the log exactly once;
+//! - read-your-writes: a read of a key the session wrote returns that write or a later one;
+//! - monotonic reads: a read returns no value older than the newest write of that key at or
+//!   below the highest revision the session has already observed (through reads, or its own
+//!   strong writes);
+//! - monotonic writes and writes-follow-reads: the session's writes are in the log in session
+//!   order, each above every revision the session had read before it.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// One operation of a weak session, in session order.
+#[derive(Debug, Clone)]
+pub enum SessionOp {
+    /// A put of the unique `value`; `strong` says which path; `ok` whether it completed.
+    Put { key: usize, value: u64, strong: bool, ok: bool },
+    /// A weak read: the value and revision it returned (revision 0 with `pending`).
+    Get { key: usize, got: Option<(u64, i64)>, pending: bool },
+}
+
+/// The log of the checked keys: value → (key, revision).
+pub type Log = HashMap<u64, (usize, i64)>;
+
+/// Builds the log from applied puts (key, value, revision); a value twice is a double apply.
+pub fn log_of(puts: &[(usize, u64, i64)]) -> Result<Log, String> {
+    let mut log = Log::new();
+    for &(key, value, rev) in puts {
+        if let Some(old) = log.insert(value, (key, rev)) {
+            return Err(format!("value {value} applied twice: at revision {} and {rev}", old.1));
+        }
+    }
+    Ok(log)
+}
+
+/// Checks every session against `log`; returns the first anomaly.
+pub fn check(log: &Log, sessions: &[Vec<SessionOp>]) -> Result<(), String> {
+    // Per key, the revisions of its writes, ascending.
+    let mut by_key: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+    for &(key, rev) in log.values() {
+        by_key.entry(key).or_default().push(rev);
+    }
+    for revs in by_key.values_mut() {
+        revs.sort_unstable();
+    }
+    let newest_at_or_below = |key: usize, at: i64| -> i64 {
+        by_key.get(&key).map_or(0, |revs| revs.iter().copied().take_while(|r| *r <= at).last().unwrap_or(0))
+    };
+    for (s, ops) in sessions.iter().enumerate() {
+        // The highest revision the session has observed.
+        let mut seen = 0i64;
+        // The session's own writes, by key: the latest write's value (and whether it applied).
+        let mut own: HashMap<usize, u64> = HashMap::new();
+        let mut own_values: HashMap<u64, usize> = HashMap::new();
+        let mut last_write_rev = 0i64;
+        for (i, op) in ops.iter().enumerate() {
+            let at = format!("session {s}, op {i} ({op:?})");
+            match op {
+                SessionOp::Put { key, value, strong, ok } => {
+                    // Read-your-writes is owed for writes that completed; after one whose fate
+                    // is unknown the key is not checked until the next completed write.
+                    if *ok {
+                        own.insert(*key, *value);
+                    } else {
+                        own.remove(key);
+                    }
+                    own_values.insert(*value, *key);
+                    match log.get(value) {
+                        Some(&(k, _)) if k != *key => return Err(format!("{at}: applied to key {k}")),
+                        // A write whose fate the session never learned may land anywhere later
+                        // (a timed-out command recovered from the witnesses by a new leader).
+                        Some(_) if !*ok => {}
+                        Some(&(_, rev)) => {
+                            if rev <= last_write_rev {
+                                return Err(format!(
+                                    "{at}: at revision {rev}, not after the session's previous write ({last_write_rev})"
+                                ));
+                            }
+                            if rev <= seen {
+                                return Err(format!(
+                                    "{at}: at revision {rev}, not after what the session had read ({seen})"
+                                ));
+                            }
+                            last_write_rev = rev;
+                            // A completed strong write counts as observed: the session's
+                            // next weak read waits until it has applied.
+                            if *strong && *ok {
+                                seen = seen.max(rev);
+                            }
+                        }
+                        None if *ok => return Err(format!("{at}: completed but never applied (lost)")),
+                        None => {}
+                    }
+                }
+                SessionOp::Get { key, got, pending: true } => {
+                    // The session's own write, not yet applied where it was read.
+                    let Some((v, _)) = got else { return Err(format!("{at}: pending without a value")) };
+                    if own_values.get(v) != Some(key) {
+                        return Err(format!("{at}: pending value {v} is not the session's own write of the key"));
+                    }
+                    if own.get(key).is_some_and(|w| w != v) {
+                        return Err(format!("{at}: pending value {v} is not the session's latest write of the key"));
+                    }
+                }
+                SessionOp::Get { key, got, pending: false } => {
+                    let rev = match got {
+                        Some((v, r)) => match log.get(v) {
+                            Some(&(k, lr)) if k == *key && lr == *r => lr,
+                            Some(&(k, lr)) => {
+                                return Err(format!(
+                                    "{at}: value {v} is key {k}'s write at revision {lr}, read as key {key} at {r}"
+                                ))
+                            }
+                            None => return Err(format!("{at}: read value {v}, which no write made")),
+                        },
+                        None => 0,
+                    };
+                    // Read-your-writes.
+                    if let Some(w) = own.get(key) {
+                        let w_rev = log.get(w).map_or(i64::MAX, |e| e.1);
+                        if rev < w_rev {
+                            return Err(format!("{at}: the session's own write {w} (revision {w_rev}) not seen"));
+                        }
+                    }
+                    // Monotonic reads, against everything observed so far.
+                    let floor = newest_at_or_below(*key, seen);
+                    if rev < floor {
+                        return Err(format!(
+                            "{at}: returned revision {rev}, older than the key's write at {floor} (the session had seen {seen})"
+                        ));
+                    }
+                    seen = seen.max(rev);
+                }
+            }
+        }
+    }
+    Ok(())
+}
