@@ -3,8 +3,12 @@
 //!
 //! A fixed number of operations are in flight at all times (one per task); each picks a key
 //! from a Zipf distribution over the key space and is a write (`Put` of a value of the given
-//! size) with the given probability, else a linearizable read (`Range` of the key). It prints
-//! one line of `key=value` figures, parsed by the bench suite.
+//! size) with the given probability, else a linearizable read (`Range` of the key). With
+//! `--weak-percent`, that share of operations is weak (seed 002's CURP-HO): through the CURP
+//! client a weak write or a weak read at the task's bound replica (tasks are spread over the
+//! members); through etcd's API, where nothing is weaker than a serializable read, a weak read
+//! is a serializable `Range` and a weak write an ordinary `Put`. It prints one line of
+//! `key=value` figures, parsed by the bench suite.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +42,9 @@ pub struct LoadArgs {
     /// Percent of operations that are writes.
     #[arg(long, default_value_t = 10)]
     pub write_percent: u32,
+    /// Percent of operations (reads and writes alike) that are weak (causal).
+    #[arg(long, default_value_t = 0)]
+    pub weak_percent: u32,
     /// Keys drawn from (Zipf over key0 .. keyN-1).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: usize,
@@ -100,10 +107,30 @@ impl Zipf {
 
 #[derive(Default)]
 struct Tally {
+    /// Strong writes and reads.
     writes: Vec<u32>,
     reads: Vec<u32>,
+    weak_writes: Vec<u32>,
+    weak_reads: Vec<u32>,
     fast: u64,
     errors: u64,
+}
+
+impl Tally {
+    fn extend(&mut self, t: Tally) {
+        self.writes.extend(t.writes);
+        self.reads.extend(t.reads);
+        self.weak_writes.extend(t.weak_writes);
+        self.weak_reads.extend(t.weak_reads);
+        self.fast += t.fast;
+        self.errors += t.errors;
+    }
+}
+
+fn sorted(parts: &[&Vec<u32>]) -> Vec<u32> {
+    let mut all: Vec<u32> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    all.sort_unstable();
+    all
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -118,6 +145,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String> {
     anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
     anyhow::ensure!(args.write_percent <= 100, "--write-percent is at most 100");
+    anyhow::ensure!(args.weak_percent <= 100, "--weak-percent is at most 100");
     anyhow::ensure!(args.keys > 0, "--keys must be at least 1");
     anyhow::ensure!(args.rtt_ms >= 0.0 && args.rtt_ms < 10_000.0, "--rtt-ms must be between 0 and 10000");
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1000.0);
@@ -130,7 +158,11 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     for t in 0..args.clients {
         let mut etcd = etcd_client::Client::connect(&etcd_endpoints, None).await?;
         let curp = match args.mode {
-            Mode::Curp => Some(CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt)),
+            Mode::Curp => {
+                let c = CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt);
+                c.bind(t);
+                Some(c)
+            }
             Mode::Etcd => None,
         };
         let (zipf, value, stop, args) = (Arc::clone(&zipf), value.clone(), Arc::clone(&stop), args.clone());
@@ -140,38 +172,54 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
             while !stop.load(Ordering::Relaxed) {
                 let key = format!("key{}", zipf.sample(&mut rng));
                 let write = rng.gen_range(0..100) < args.write_percent;
+                let weak = rng.gen_range(0..100) < args.weak_percent;
                 let start = Instant::now();
-                let ok = if write {
-                    match &curp {
-                        Some(c) => {
-                            let req =
-                                PbPutRequest { key: key.into_bytes(), value: value.clone(), ..Default::default() };
-                            match c.put(&req).await {
-                                Ok(a) => {
-                                    tally.fast += u64::from(a.fast);
-                                    true
-                                }
-                                Err(_) => false,
+                let ok = match (&curp, write, weak) {
+                    (Some(c), true, false) => {
+                        let req = PbPutRequest { key: key.into_bytes(), value: value.clone(), ..Default::default() };
+                        match c.put(&req).await {
+                            Ok(a) => {
+                                tally.fast += u64::from(a.fast);
+                                true
                             }
+                            Err(_) => false,
                         }
-                        None => {
+                    }
+                    (Some(c), true, true) => {
+                        let req = PbPutRequest { key: key.into_bytes(), value: value.clone(), ..Default::default() };
+                        c.weak_put(&req).await.is_ok()
+                    }
+                    (Some(c), false, true) => c.weak_get(key.as_bytes()).await.is_ok(),
+                    (Some(c), false, false) => {
+                        // A strong read after the session's weak writes waits for them.
+                        c.settle().await.is_ok() && {
                             tokio::time::sleep(half).await;
-                            let ok = etcd.put(key, value.clone(), None).await.is_ok();
+                            let ok = etcd.get(key, None).await.is_ok();
                             tokio::time::sleep(half).await;
                             ok
                         }
                     }
-                } else {
-                    tokio::time::sleep(half).await;
-                    let ok = etcd.get(key, None).await.is_ok();
-                    tokio::time::sleep(half).await;
-                    ok
+                    (None, true, _) => {
+                        tokio::time::sleep(half).await;
+                        let ok = etcd.put(key, value.clone(), None).await.is_ok();
+                        tokio::time::sleep(half).await;
+                        ok
+                    }
+                    (None, false, _) => {
+                        let opts = weak.then(|| etcd_client::GetOptions::new().with_serializable());
+                        tokio::time::sleep(half).await;
+                        let ok = etcd.get(key, opts).await.is_ok();
+                        tokio::time::sleep(half).await;
+                        ok
+                    }
                 };
                 let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
-                match (ok, write) {
-                    (false, _) => tally.errors += 1,
-                    (true, true) => tally.writes.push(us),
-                    (true, false) => tally.reads.push(us),
+                match (ok, write, weak) {
+                    (false, _, _) => tally.errors += 1,
+                    (true, true, false) => tally.writes.push(us),
+                    (true, false, false) => tally.reads.push(us),
+                    (true, true, true) => tally.weak_writes.push(us),
+                    (true, false, true) => tally.weak_reads.push(us),
                 }
             }
             tally
@@ -182,26 +230,33 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     stop.store(true, Ordering::Relaxed);
     let mut all = Tally::default();
     for t in tasks {
-        let t = t.await?;
-        all.writes.extend(t.writes);
-        all.reads.extend(t.reads);
-        all.fast += t.fast;
-        all.errors += t.errors;
+        all.extend(t.await?);
     }
     let secs = start.elapsed().as_secs_f64();
-    all.writes.sort_unstable();
-    all.reads.sort_unstable();
-    let ops = all.writes.len() + all.reads.len();
+    let writes = sorted(&[&all.writes]);
+    let reads = sorted(&[&all.reads]);
+    let weak_writes = sorted(&[&all.weak_writes]);
+    let weak_reads = sorted(&[&all.weak_reads]);
+    let strong = sorted(&[&all.writes, &all.reads]);
+    let weak = sorted(&[&all.weak_writes, &all.weak_reads]);
+    let ops = strong.len() + weak.len();
     let line = format!(
-        "ops_per_s={:.0} ops={ops} writes={} fast={} errors={} write_p50_ms={:.3} write_p99_ms={:.3} read_p50_ms={:.3} read_p99_ms={:.3}",
+        "ops_per_s={:.0} ops={ops} writes={} weak_ops={} fast={} errors={} write_p50_ms={:.3} write_p99_ms={:.3} read_p50_ms={:.3} read_p99_ms={:.3} strong_p50_ms={:.3} strong_p99_ms={:.3} weak_p50_ms={:.3} weak_p99_ms={:.3} weak_write_p50_ms={:.3} weak_read_p50_ms={:.3}",
         ops as f64 / secs,
-        all.writes.len(),
+        writes.len(),
+        weak.len(),
         all.fast,
         all.errors,
-        percentile(&all.writes, 0.5),
-        percentile(&all.writes, 0.99),
-        percentile(&all.reads, 0.5),
-        percentile(&all.reads, 0.99),
+        percentile(&writes, 0.5),
+        percentile(&writes, 0.99),
+        percentile(&reads, 0.5),
+        percentile(&reads, 0.99),
+        percentile(&strong, 0.5),
+        percentile(&strong, 0.99),
+        percentile(&weak, 0.5),
+        percentile(&weak, 0.99),
+        percentile(&weak_writes, 0.5),
+        percentile(&weak_reads, 0.5),
     );
     println!("{line}");
     Ok(line)

@@ -1,6 +1,7 @@
 //! `Client.curp_put`: writes through keel's CURP extension (`keel-curp`), which completes in
 //! one round trip when no other pending write touches the key. Only keel clusters serve it
-//! (etcd answers `Unimplemented`, raised as `InvalidRequest`).
+//! (etcd answers `Unimplemented`, raised as `InvalidRequest`). `curp_weak_put`,
+//! `curp_weak_get` and `curp_settle` are the session's weak (causal) operations.
 
 use std::sync::Arc;
 
@@ -27,6 +28,17 @@ fn raise(e: keel_curp::client::CurpError) -> Raise {
     }
 }
 
+/// The client's CURP session, made at first use.
+async fn session(inner: &crate::cluster::Inner) -> Result<Arc<keel_curp::client::Client>, Raise> {
+    let existing = inner.curp.lock().clone();
+    if let Some(c) = existing {
+        return Ok(c);
+    }
+    let urls: Vec<String> = inner.endpoints.iter().map(|(u, _)| u.clone()).collect();
+    let c = Arc::new(keel_curp::client::Client::connect(&urls, inner.timeout).await.map_err(raise)?);
+    Ok(Arc::clone(inner.curp.lock().get_or_insert(c)))
+}
+
 #[pymethods]
 impl Client {
     /// Sets `key` to `value` through keel's CURP extension. Returns None when the write
@@ -44,17 +56,7 @@ impl Client {
         let req = PbPutRequest { key: key.0, value: value.0, ..Default::default() };
         let result = py.allow_threads(move || {
             inner.runtime.block_on(async {
-                let existing = inner.curp.lock().clone();
-                let client = match existing {
-                    Some(c) => c,
-                    None => {
-                        let urls: Vec<String> = inner.endpoints.iter().map(|(u, _)| u.clone()).collect();
-                        let c =
-                            Arc::new(keel_curp::client::Client::connect(&urls, inner.timeout).await.map_err(raise)?);
-                        *inner.curp.lock() = Some(Arc::clone(&c));
-                        c
-                    }
-                };
+                let client = session(&inner).await?;
                 let answer = client.put(&req).await.map_err(raise)?;
                 let bytes = if answer.fast && !wait {
                     return Ok(None);
@@ -76,5 +78,52 @@ impl Client {
         let inner = self.inner(py)?;
         let c = inner.curp.lock().clone();
         Ok(c.map_or((0, 0), |c| c.path_counts()))
+    }
+
+    /// A weak (causal) write of `key`: complete once the session's bound replica has accepted
+    /// it, which forwards it to the leader; the session resends it until it has applied. The
+    /// session's own reads see it at once; other clients once it has applied. Returns nothing
+    /// (its revision is decided later: `curp_settle` waits for it).
+    fn curp_weak_put(&self, py: Python<'_>, key: Blob, value: Blob) -> PyResult<()> {
+        if key.0.is_empty() {
+            return Err(Raise::new("InvalidRequest", "curp_weak_put: the key is empty").into_py(py));
+        }
+        let inner = self.inner(py)?;
+        let req = PbPutRequest { key: key.0, value: value.0, ..Default::default() };
+        let result = py.allow_threads(move || {
+            inner.runtime.block_on(async {
+                let client = session(&inner).await?;
+                client.weak_put(&req).await.map(|_| ()).map_err(raise)
+            })
+        });
+        result.map_err(|r: Raise| r.into_py(py))
+    }
+
+    /// A weak (causal) read of `key` at the session's bound replica: never older than what this
+    /// session has read or written before. Returns the value or None.
+    fn curp_weak_get(&self, py: Python<'_>, key: Blob) -> PyResult<Option<Vec<u8>>> {
+        if key.0.is_empty() {
+            return Err(Raise::new("InvalidRequest", "curp_weak_get: the key is empty").into_py(py));
+        }
+        let inner = self.inner(py)?;
+        let result = py.allow_threads(move || {
+            inner.runtime.block_on(async {
+                let client = session(&inner).await?;
+                client.weak_get(&key.0).await.map(|r| r.value.map(|v| v.0)).map_err(raise)
+            })
+        });
+        result.map_err(|r: Raise| r.into_py(py))
+    }
+
+    /// Waits until every weak write of this session has applied (visible to every client).
+    fn curp_settle(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner(py)?;
+        let result = py.allow_threads(move || {
+            inner.runtime.block_on(async {
+                let client = session(&inner).await?;
+                client.settle().await.map_err(raise)
+            })
+        });
+        result.map_err(|r: Raise| r.into_py(py))
     }
 }

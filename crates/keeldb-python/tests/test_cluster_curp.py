@@ -58,3 +58,19 @@ def test_bad_input_is_refused(client):
         client.curp_put(b"", b"v")
     with pytest.raises(TypeError):
         client.curp_put(1, b"v")  # type: ignore[arg-type]
+
+
+def test_weak_writes_are_read_by_their_session_and_settle(client):
+    ns = f"weak-{uuid.uuid4().hex[:8]}/"
+    for i in range(10):
+        key = f"{ns}k{i}".encode()
+        client.curp_weak_put(key, f"v{i}".encode())
+        assert client.curp_weak_get(key) == f"v{i}".encode()  # read-your-writes, at once
+    assert client.curp_weak_get(ns + "never") is None
+    client.curp_settle()
+    for i in range(10):  # applied: every client's linearizable reads see them
+        assert client.get(f"{ns}k{i}".encode()) == f"v{i}".encode()
+    with pytest.raises(keeldb.InvalidRequest):
+        client.curp_weak_put(b"", b"v")
+    with pytest.raises(keeldb.InvalidRequest):
+        client.curp_weak_get(b"")
