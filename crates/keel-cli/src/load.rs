@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keel_curp::client::Client as CurpClient;
+use keel_curp::client::{Client as CurpClient, EtcdKv};
 use keel_curp::etcd::PutRequest as PbPutRequest;
 use rand::{Rng, SeedableRng};
 
@@ -66,6 +66,18 @@ pub struct LoadArgs {
     /// so a write is not forwarded by a follower on the way.
     #[arg(long)]
     pub leader_only: bool,
+    /// Measure one round trip before the run (the p50 of 21 serializable reads of a missing key
+    /// through the etcd endpoints, with --rtt-ms's emulation) and print it as rtt_measured_ms.
+    #[arg(long)]
+    pub measure_rtt: bool,
+}
+
+/// Waits `d` (emulated distance); nothing at all when it is zero (tokio's timer would still
+/// round a zero wait up to its next millisecond tick).
+async fn wait(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
 }
 
 /// The client URL of the member that leads, asked of each endpoint in turn.
@@ -154,9 +166,30 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     let value = vec![b'v'; args.value_size];
     let stop = Arc::new(AtomicBool::new(false));
     let etcd_endpoints = if args.leader_only { vec![leader_endpoint(endpoints).await?] } else { endpoints.to_vec() };
+    anyhow::ensure!(!etcd_endpoints.is_empty(), "no endpoints given");
+    let endpoint = |i: usize| etcd_endpoints.get(i % etcd_endpoints.len()).map_or("", String::as_str);
+    // With emulated distance, what one round trip really takes here (the timer rounds each wait
+    // up): the p50 of serializable reads of a missing key, which no member forwards.
+    let rtt_measured_ms = if rtt.is_zero() && !args.measure_rtt {
+        0.0
+    } else {
+        let etcd = EtcdKv::connect(endpoint(0), Duration::from_secs(5))?;
+        let mut pings = Vec::new();
+        for _ in 0..21 {
+            let start = Instant::now();
+            wait(half).await;
+            etcd.get(b"keel-load-ping".to_vec(), true).await?;
+            wait(half).await;
+            pings.push(start.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        }
+        pings.sort_unstable();
+        percentile(&pings, 0.5)
+    };
     let mut tasks = Vec::new();
     for t in 0..args.clients {
-        let mut etcd = etcd_client::Client::connect(&etcd_endpoints, None).await?;
+        // One plain channel per task, tasks spread over the endpoints (as etcd's benchmark
+        // spreads its clients).
+        let etcd = EtcdKv::connect(endpoint(t), Duration::from_secs(5))?;
         let curp = match args.mode {
             Mode::Curp => {
                 let c = CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt);
@@ -193,23 +226,23 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
                     (Some(c), false, false) => {
                         // A strong read after the session's weak writes waits for them.
                         c.settle().await.is_ok() && {
-                            tokio::time::sleep(half).await;
-                            let ok = etcd.get(key, None).await.is_ok();
-                            tokio::time::sleep(half).await;
+                            wait(half).await;
+                            let ok = etcd.get(key.into_bytes(), false).await.is_ok();
+                            wait(half).await;
                             ok
                         }
                     }
                     (None, true, _) => {
-                        tokio::time::sleep(half).await;
-                        let ok = etcd.put(key, value.clone(), None).await.is_ok();
-                        tokio::time::sleep(half).await;
+                        wait(half).await;
+                        let req = PbPutRequest { key: key.into_bytes(), value: value.clone(), ..Default::default() };
+                        let ok = etcd.put(req).await.is_ok();
+                        wait(half).await;
                         ok
                     }
                     (None, false, _) => {
-                        let opts = weak.then(|| etcd_client::GetOptions::new().with_serializable());
-                        tokio::time::sleep(half).await;
-                        let ok = etcd.get(key, opts).await.is_ok();
-                        tokio::time::sleep(half).await;
+                        wait(half).await;
+                        let ok = etcd.get(key.into_bytes(), weak).await.is_ok();
+                        wait(half).await;
                         ok
                     }
                 };
@@ -241,7 +274,7 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     let weak = sorted(&[&all.weak_writes, &all.weak_reads]);
     let ops = strong.len() + weak.len();
     let line = format!(
-        "ops_per_s={:.0} ops={ops} writes={} weak_ops={} fast={} errors={} write_p50_ms={:.3} write_p99_ms={:.3} read_p50_ms={:.3} read_p99_ms={:.3} strong_p50_ms={:.3} strong_p99_ms={:.3} weak_p50_ms={:.3} weak_p99_ms={:.3} weak_write_p50_ms={:.3} weak_read_p50_ms={:.3}",
+        "ops_per_s={:.0} ops={ops} writes={} weak_ops={} fast={} errors={} write_p50_ms={:.3} write_p99_ms={:.3} read_p50_ms={:.3} read_p99_ms={:.3} strong_p50_ms={:.3} strong_p99_ms={:.3} weak_p50_ms={:.3} weak_p99_ms={:.3} weak_write_p50_ms={:.3} weak_read_p50_ms={:.3} rtt_measured_ms={:.3}",
         ops as f64 / secs,
         writes.len(),
         weak.len(),
@@ -257,6 +290,7 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
         percentile(&weak, 0.99),
         percentile(&weak_writes, 0.5),
         percentile(&weak_reads, 0.5),
+        rtt_measured_ms,
     );
     println!("{line}");
     Ok(line)

@@ -105,6 +105,10 @@ async fn curp_histories_under_faults_are_linearizable() {
     // Weak sessions on keys wkey0.. of their own: weak puts, weak reads, now and then a strong
     // put (after the session's weak writes: the slow path). Values unique.
     let weak_keys = 6usize;
+    let mut etcd = etcd_client::Client::connect(urls.clone(), None).await.unwrap();
+    let start_rev = etcd.get("wkey", None).await.unwrap().header().unwrap().revision();
+    let (head_tx, head_rx) = tokio::sync::watch::channel(0i64);
+    let recorder = tokio::spawn(causal::record_log(urls.clone(), "wkey", start_rev + 1, head_rx));
     let mut weak_tasks = Vec::new();
     for c in 0..3usize {
         let client = CurpClient::connect(&urls, Duration::from_secs(2)).await.unwrap();
@@ -200,7 +204,7 @@ async fn curp_histories_under_faults_are_linearizable() {
         }
     }
     // The weak sessions' writes apply (resent where need be), then the log of their keys is
-    // read back from revision 1 and every session is checked against it.
+    // read back (recorded by the watch since the start) and every session is checked against it.
     let mut sessions = Vec::new();
     for t in weak_tasks {
         let (client, ops) = t.await.unwrap();
@@ -214,8 +218,14 @@ async fn curp_histories_under_faults_are_linearizable() {
         assert!(settled, "seed {seed}: a weak session's writes did not apply after the faults healed");
         sessions.push(ops);
     }
-    let mut etcd = etcd_client::Client::connect(urls.clone(), None).await.unwrap();
-    let log = weak_log(&mut etcd).await;
+    // The newest put of any weak key (the latest of each key's current value) ends the record.
+    let now = etcd.get("wkey", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    head_tx.send_replace(now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(start_rev));
+    let log = tokio::time::timeout(Duration::from_secs(60), recorder)
+        .await
+        .expect("the recording watch did not catch up")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let log = causal::log_of(&log).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let weak_ops: usize = sessions.iter().map(Vec::len).sum();
     let pending_reads = sessions.iter().flatten().filter(|o| matches!(o, SessionOp::Get { pending: true, .. })).count();
@@ -233,34 +243,6 @@ async fn curp_histories_under_faults_are_linearizable() {
     for s in servers.into_iter().flatten() {
         s.stop().await;
     }
-}
-
-/// Every put of the weak sessions' keys since revision 1: (key, value, revision).
-async fn weak_log(etcd: &mut etcd_client::Client) -> Vec<(usize, u64, i64)> {
-    // The newest put of any of the keys: the latest of each key's current value.
-    let now = etcd.get("wkey", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
-    let head = now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(0);
-    let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(1);
-    let mut stream = etcd.watch("wkey", Some(opts)).await.unwrap();
-    let mut puts = Vec::new();
-    let mut last = 0;
-    while last < head {
-        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
-            .await
-            .expect("the watch from revision 1 stalled")
-            .unwrap()
-            .expect("the watch from revision 1 ended");
-        assert!(!resp.canceled(), "the watch from revision 1 was cancelled: {}", resp.cancel_reason());
-        for e in resp.events() {
-            let kv = e.kv().unwrap();
-            last = last.max(kv.mod_revision());
-            if e.event_type() == etcd_client::EventType::Put {
-                let key = std::str::from_utf8(kv.key()).unwrap().trim_start_matches("wkey").parse().unwrap();
-                puts.push((key, history::parse(kv.value()), kv.mod_revision()));
-            }
-        }
-    }
-    puts
 }
 
 /// The checker itself catches each anomaly it names (a checker that passes everything would

@@ -26,7 +26,7 @@ use prost::Message;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::etcd::{MemberListRequest, MemberListResponse, PutRequest};
+use crate::etcd::{Ignored, MemberListRequest, MemberListResponse, PutRequest, RangeRequest};
 
 use crate::{
     status, superquorum, CommandId, CommandMsg, Kind, ProposeReply, RecordReply, SyncedReply, WaitSyncedRequest,
@@ -594,6 +594,33 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+/// etcd's KV API on one plain gRPC channel to one member: the smallest etcd client there is, for
+/// benchmarks that compare it with the CURP client on equal terms.
+#[derive(Clone)]
+pub struct EtcdKv {
+    channel: Channel,
+    timeout: Duration,
+}
+
+impl EtcdKv {
+    /// A lazily connected channel to `url` (`http://host:port`).
+    pub fn connect(url: &str, timeout: Duration) -> Result<EtcdKv, CurpError> {
+        let e = Endpoint::from_shared(url.to_string()).map_err(|e| CurpError::Connect(format!("{url}: {e}")))?;
+        Ok(EtcdKv { channel: e.connect_timeout(timeout).tcp_nodelay(true).connect_lazy(), timeout })
+    }
+
+    /// `KV.Put`.
+    pub async fn put(&self, req: PutRequest) -> Result<(), tonic::Status> {
+        unary::<_, Ignored>(&self.channel, "/etcdserverpb.KV/Put", req, self.timeout).await.map(|_| ())
+    }
+
+    /// `KV.Range` of one key, linearizable or serializable.
+    pub async fn get(&self, key: Vec<u8>, serializable: bool) -> Result<(), tonic::Status> {
+        let req = RangeRequest { key, serializable };
+        unary::<_, Ignored>(&self.channel, "/etcdserverpb.KV/Range", req, self.timeout).await.map(|_| ())
     }
 }
 

@@ -48,3 +48,16 @@ pub struct MemberListResponse {
     #[prost(message, repeated, tag = "2")]
     pub members: Vec<Member>,
 }
+
+/// `etcdserverpb.RangeRequest`: the fields a point read needs.
+#[derive(Clone, PartialEq, Message)]
+pub struct RangeRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    #[prost(bool, tag = "7")]
+    pub serializable: bool,
+}
+
+/// Any answer whose content is not read (its fields are skipped).
+#[derive(Clone, PartialEq, Message)]
+pub struct Ignored {}

@@ -58,6 +58,7 @@ type faultConfig struct {
 	watchers          int
 	mutexTTL          int
 	mutexAllowExpired bool
+	curpPercent       int
 }
 
 var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
@@ -149,6 +150,20 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 	return out, err == nil
 }
 
+// doCurp runs a put through the CURP session cc and records it like any other put.
+func (r *recorder) doCurp(cc *curpClient, clientID int, in kvInput, timeout time.Duration) (kvOutput, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	call := r.now()
+	_, err := cc.put(ctx, in.Key, in.Value)
+	out, ret := kvOutput{}, r.now()
+	if err != nil {
+		out, ret = kvOutput{Unknown: true}, infinity
+	}
+	r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
+	return out, err == nil
+}
+
 func runFault(args []string) int {
 	var cfg faultConfig
 	fs := flag.NewFlagSet("fault", flag.ContinueOnError)
@@ -179,6 +194,7 @@ func runFault(args []string) int {
 	fs.StringVar(&cfg.workload, "workload", "kv", "kv: put/get/cas checked by porcupine (and by watchers with --watchers); mutex: clientv3 concurrency.Mutex from --clients sessions, checked for two holders at once")
 	fs.IntVar(&cfg.watchers, "watchers", 0, "kv workload: watchers of every key from revision 1, on different members, whose events are checked against the acknowledged writes (exactly once, in revision order, none missing)")
 	fs.IntVar(&cfg.mutexTTL, "mutex-ttl", 10, "mutex workload: session lease TTL in seconds")
+	fs.IntVar(&cfg.curpPercent, "curp-percent", 0, "kv workload against keel: percent of puts sent through keel's CURP extension (fast path: one round trip), checked with the rest by porcupine")
 	fs.BoolVar(&cfg.mutexAllowExpired, "mutex-allow-expired", false, "mutex workload: do not fail when a session's lease ends while its holder is inside")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -368,6 +384,24 @@ func faultMain(cfg faultConfig, c *cluster) int {
 	for i := range clientIDs {
 		clientIDs[i] = i
 	}
+	if cfg.curpPercent > 0 && cfg.watchers > 0 {
+		fmt.Fprintln(os.Stderr, "keelcheck: --curp-percent and --watchers do not go together (a fast write has no revision to compare)")
+		return 2
+	}
+	curps := make([]*curpClient, cfg.clients)
+	for i := range curps {
+		if cfg.curpPercent == 0 {
+			break
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cc, err := newCurpClient(cctx, clis[i], rand.New(rand.NewSource(cfg.seed*7919+int64(i))))
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "keelcheck: curp client:", err)
+			return 2
+		}
+		curps[i] = cc
+	}
 
 	recovered := true
 	rounds := 0
@@ -398,7 +432,13 @@ func faultMain(cfg faultConfig, c *cluster) int {
 						}
 						in = kvInput{Kind: opCAS, Key: key, Expect: exp, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
 					}
-					out, ok := rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, serializableGets)
+					var out kvOutput
+					var ok bool
+					if in.Kind == opPut && curps[ci] != nil && rn.Intn(100) < cfg.curpPercent {
+						out, ok = rec.doCurp(curps[ci], clientIDs[ci], in, cfg.opTimeout)
+					} else {
+						out, ok = rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, serializableGets)
+					}
 					if !ok {
 						// The unknown op stays pending forever: later ops of this client get a
 						// fresh id so the visualization shows them on their own line.
@@ -511,8 +551,20 @@ func faultMain(cfg faultConfig, c *cluster) int {
 	fmt.Printf("keelcheck: rounds=%d ops=%d ok=%d unknown=%d violations=%d lost=%d seed=%d recovered=%v check=%s\n",
 		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), cfg.seed,
 		yesNo(recovered), map[bool]string{true: "incomplete", false: "complete"}[undecided > 0])
+	curpFast, curpSlow := 0, 0
+	for _, cc := range curps {
+		if cc != nil {
+			curpFast, curpSlow = curpFast+cc.fast, curpSlow+cc.slow
+		}
+	}
+	if cfg.curpPercent > 0 {
+		fmt.Printf("keelcheck: curp puts acknowledged: fast=%d slow=%d\n", curpFast, curpSlow)
+	}
 	switch {
 	case violations > 0 || len(lost) > 0 || watchAnomalies > 0:
+		return 1
+	case cfg.curpPercent > 0 && curpFast == 0:
+		fmt.Fprintln(os.Stderr, "keelcheck: --curp-percent given but no put completed on the fast path: the run did not exercise it")
 		return 1
 	case !recovered:
 		return 3

@@ -67,6 +67,7 @@ pub(super) struct Cluster {
     pub(super) children: Vec<Child>,
     pub(super) endpoints: Vec<String>,
     _dir: tempfile::TempDir,
+    _proxies: Vec<super::delay_proxy::DelayProxy>,
 }
 
 impl Drop for Cluster {
@@ -84,21 +85,46 @@ pub(super) fn start(
     base_port: u16,
     etcdctl: &Path,
 ) -> anyhow::Result<Cluster> {
-    start_with_env(context, system, base_port, etcdctl, &[])
+    start_with(context, system, base_port, etcdctl, None)
 }
 
-/// [`start`] with extra environment variables for the members.
-pub(super) fn start_with_env(
+/// [`start`] behind delay proxies: every member advertises client and peer URLs of a proxy
+/// (ports `base_port + 10 ..`) that holds bytes `rtt / 2` each way, so every client call and
+/// every peer message and its answer take `rtt` more, whatever the system.
+pub(super) fn start_distant(
     context: &SuiteContext,
     system: &System,
     base_port: u16,
     etcdctl: &Path,
-    env: &[(&str, String)],
+    rtt: Duration,
+) -> anyhow::Result<Cluster> {
+    start_with(context, system, base_port, etcdctl, Some(rtt))
+}
+
+fn start_with(
+    context: &SuiteContext,
+    system: &System,
+    base_port: u16,
+    etcdctl: &Path,
+    rtt: Option<Duration>,
 ) -> anyhow::Result<Cluster> {
     let dir = context.temp_dir(&format!("cluster-{}", system.name))?;
-    let peer = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16 + 1);
-    let client = |i: usize| format!("http://127.0.0.1:{}", base_port + 2 * i as u16);
-    let initial: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}={}", peer(i))).collect();
+    let port = |i: usize, peer: bool| base_port + 2 * i as u16 + u16::from(peer);
+    let shown = |i: usize, peer: bool| port(i, peer) + if rtt.is_some() { 10 } else { 0 };
+    let url = |p: u16| format!("http://127.0.0.1:{p}");
+    let mut proxies = Vec::new();
+    if let Some(rtt) = rtt {
+        for i in 0..MEMBERS {
+            for peer in [false, true] {
+                let listen = std::net::SocketAddr::from(([127, 0, 0, 1], shown(i, peer)));
+                let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port(i, peer)));
+                proxies.push(super::delay_proxy::DelayProxy::start(listen, upstream, rtt / 2)?);
+            }
+        }
+    }
+    let peer = |i: usize| url(port(i, true));
+    let client = |i: usize| url(port(i, false));
+    let initial: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}={}", url(shown(i, true)))).collect();
     let mut children = Vec::new();
     for i in 0..MEMBERS {
         let log = std::fs::File::create(dir.path().join(format!("m{i}.log")))?;
@@ -107,21 +133,20 @@ pub(super) fn start_with_env(
             .arg(format!("--name=m{i}"))
             .arg(format!("--data-dir={}", dir.path().join(format!("m{i}")).display()))
             .arg(format!("--listen-client-urls={}", client(i)))
-            .arg(format!("--advertise-client-urls={}", client(i)))
+            .arg(format!("--advertise-client-urls={}", url(shown(i, false))))
             .arg(format!("--listen-peer-urls={}", peer(i)))
-            .arg(format!("--initial-advertise-peer-urls={}", peer(i)))
+            .arg(format!("--initial-advertise-peer-urls={}", url(shown(i, true))))
             .arg(format!("--initial-cluster={}", initial.join(",")))
             .arg("--initial-cluster-token=keel-bench")
             .arg("--initial-cluster-state=new")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", system.program.display()))?;
         children.push(child);
     }
-    let endpoints: Vec<String> = (0..MEMBERS).map(client).collect();
-    let cluster = Cluster { children, endpoints, _dir: dir };
+    let endpoints: Vec<String> = (0..MEMBERS).map(|i| url(shown(i, false))).collect();
+    let cluster = Cluster { children, endpoints, _dir: dir, _proxies: proxies };
     // Ready when a linearizable write succeeds through every member.
     let deadline = Instant::now() + Duration::from_secs(30);
     for ep in &cluster.endpoints {

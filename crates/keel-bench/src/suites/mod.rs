@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod cpu_accounting;
 pub mod curp;
+mod delay_proxy;
 pub mod durability;
 pub mod engine;
 pub mod group_commit;

@@ -13,6 +13,7 @@
 //!   order, each above every revision the session had read before it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// One operation of a weak session, in session order.
 #[derive(Debug, Clone)]
@@ -139,4 +140,75 @@ pub fn check(log: &Log, sessions: &[Vec<SessionOp>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A value as the tests write it (decimal); anything else reads as u64::MAX.
+pub fn parse(value: &[u8]) -> u64 {
+    std::str::from_utf8(value).ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// Records every put of the keys `prefix`N (N, value, revision) from revision `from` on, through a
+/// watch that moves to another member when its member stops (resuming after the last revision
+/// it saw; members keep history only since their start, so a watch from revision 1 at the end
+/// would be refused by a member that restarted). Returns once it has seen revision `head`, sent
+/// when the run is over.
+pub async fn record_log(
+    urls: Vec<String>,
+    prefix: &'static str,
+    from: i64,
+    mut head: tokio::sync::watch::Receiver<i64>,
+) -> Result<Vec<(usize, u64, i64)>, String> {
+    let mut puts = Vec::new();
+    let mut next = from;
+    let mut cancels = 0;
+    for attempt in 0usize.. {
+        let done = |next: i64, head: i64| head > 0 && next > head;
+        if done(next, *head.borrow()) {
+            return Ok(puts);
+        }
+        if attempt > 2_000 {
+            return Err(format!("the recording watch gave up at revision {next}"));
+        }
+        let url = &urls[attempt % urls.len()];
+        let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(next);
+        let stream = async {
+            let mut c = etcd_client::Client::connect([url.as_str()], None).await.ok()?;
+            c.watch(prefix, Some(opts)).await.ok()
+        };
+        let Ok(Some(mut stream)) = tokio::time::timeout(Duration::from_secs(2), stream).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        loop {
+            tokio::select! {
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) if resp.canceled() => {
+                        // This member's history starts after `next`: try another.
+                        cancels += 1;
+                        if cancels > 50 {
+                            return Err(format!("every member refused a watch from revision {next}: {}", resp.cancel_reason()));
+                        }
+                        break;
+                    }
+                    Ok(Some(resp)) => {
+                        for e in resp.events() {
+                            let Some(kv) = e.kv() else { continue };
+                            next = next.max(kv.mod_revision() + 1);
+                            if e.event_type() == etcd_client::EventType::Put {
+                                let key = std::str::from_utf8(kv.key()).unwrap().trim_start_matches(prefix).parse().unwrap();
+                                puts.push((key, parse(kv.value()), kv.mod_revision()));
+                            }
+                        }
+                    }
+                    _ => break,
+                },
+                r = head.changed() => if r.is_err() { return Err("the test went away".into()) },
+            }
+            if done(next, *head.borrow()) {
+                return Ok(puts);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err("unreachable".into())
 }
