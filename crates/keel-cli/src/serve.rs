@@ -145,6 +145,7 @@ impl ServeCommand {
             fs: ServeConfig::default().fs,
             auto_compaction_interval: None,
             watch_progress_notify_interval: self.watch_progress_notify_interval,
+            curp_weak_queue_bytes: ServeConfig::default().curp_weak_queue_bytes,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)

@@ -159,6 +159,9 @@ pub struct ServeConfig {
     /// How often an idle watcher that asked for progress notifications gets one (etcd's
     /// `--watch-progress-notify-interval`, 10 minutes).
     pub watch_progress_notify_interval: Duration,
+    /// Bytes of CURP weak writes (request bodies) this member may hold queued for the leader
+    /// over all sessions (`curp::weak`; 64 MiB; no flag).
+    pub curp_weak_queue_bytes: usize,
 }
 
 impl Default for ServeConfig {
@@ -186,6 +189,7 @@ impl Default for ServeConfig {
             auto_compaction: crate::compactor::AutoCompaction::Off,
             auto_compaction_interval: None,
             watch_progress_notify_interval: Duration::from_secs(600),
+            curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
             name,
         }
     }

@@ -324,3 +324,95 @@ async fn weak_sessions_read_their_writes_and_outlive_their_replica() {
         s.stop().await;
     }
 }
+
+/// A replica that cannot reach the leader keeps accepting a session's weak writes up to its
+/// bounds, then refuses with `ResourceExhausted` (1,024 queued per session; 2 MiB queued over
+/// all sessions here, 64 MiB by default); once its links heal, everything it accepted applies,
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weak_queues_are_bounded_and_drain_after_a_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(66);
+    let ports = (24390, 24400);
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        let c = ServeConfig { curp_weak_queue_bytes: 2 << 20, ..config(dir.path(), &ip, ports, i) };
+        servers.push(Some(common::start_retrying(c, 20).await));
+    }
+    let leader = common::wait_leader(&servers, 20).await;
+    let small = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(3)).await.unwrap();
+    let follower_at = small.members().iter().position(|id| *id != leader).unwrap();
+    let follower = small.members()[follower_at];
+    small.bind(follower_at);
+    let others: Vec<u64> = small.members().into_iter().filter(|id| *id != follower).collect();
+    for o in &others {
+        faults::set_cut(follower, *o, true);
+        faults::set_cut(*o, follower, true);
+    }
+    for i in 0..keel_cluster::curp::weak::MAX_QUEUED {
+        small.weak_put(&put(&format!("q{i}"), "v")).await.unwrap();
+    }
+    let e = small.weak_put(&put("q-over", "v")).await.expect_err("the 1,025th queued weak write is refused");
+    assert!(e.to_string().contains("weak writes not yet applied"), "{e}");
+
+    // 60 KiB values (the tests' members take requests up to 64 KiB) from two more sessions
+    // until the replica's byte bound refuses one.
+    let value = "x".repeat(60 << 10);
+    let mut big = Vec::new();
+    let mut accepted = 0usize;
+    let refused = 'fill: loop {
+        let c = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(10)).await.unwrap();
+        c.bind(follower_at);
+        for _ in 0..700 {
+            if let Err(e) = c.weak_put(&put(&format!("b{accepted}"), &value)).await {
+                big.push(c);
+                break 'fill e;
+            }
+            accepted += 1;
+        }
+        big.push(c);
+        assert!(big.len() < 2, "more than 2 MiB queued at one replica");
+    };
+    assert!(refused.to_string().contains("KiB of weak writes"), "{refused}");
+    assert!((30..=34).contains(&accepted), "{accepted} writes of 60 KiB accepted before the 2 MiB bound");
+
+    for o in &others {
+        faults::set_cut(follower, *o, false);
+        faults::set_cut(*o, follower, false);
+    }
+    // A session's queue drains one commit per write (its writes are forwarded one after
+    // another): allow a while for a thousand.
+    for c in std::iter::once(&small).chain(&big) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while let Err(e) = c.settle().await {
+            assert!(std::time::Instant::now() < deadline, "the queue did not drain: {e}");
+        }
+    }
+    let mut etcd = etcd_client::Client::connect(urls(&ip, ports), None).await.unwrap();
+    let count = |prefix: &'static str| {
+        let mut etcd = etcd.clone();
+        async move {
+            let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+            for _ in 0..5 {
+                if let Ok(r) = etcd.get(prefix, Some(opts.clone())).await {
+                    return r.count();
+                }
+            }
+            panic!("no count of {prefix} in 5 tries")
+        }
+    };
+    assert_eq!(count("q").await, keel_cluster::curp::weak::MAX_QUEUED as i64, "every accepted small write applied");
+    assert_eq!(count("b").await, accepted as i64, "every accepted large write applied");
+    // (The members are busy in debug builds: a read may time out once.)
+    let mut version = None;
+    for _ in 0..5 {
+        if let Ok(r) = etcd.get("q0", None).await {
+            version = r.kvs().first().map(|kv| kv.version());
+            break;
+        }
+    }
+    assert_eq!(version, Some(1), "applied once");
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}

@@ -144,8 +144,8 @@ pub struct WeakPutReply {
     /// The replica that accepted it.
     #[prost(uint64, tag = "1")]
     pub member: u64,
-    /// The session's highest sequence number this replica has seen applied through its
-    /// forwarding (the session's weak writes up to it are in the log and applied here).
+    /// The session's highest sequence number this replica has forwarded and seen applied on
+    /// the leader (the session's weak writes up to it are in the log).
     #[prost(uint64, tag = "2")]
     pub applied_through: u64,
 }

@@ -2,9 +2,9 @@
 //!
 //! A weak write is a plain Put. Its bound replica accepts it into the session's queue and
 //! answers at once; a task per session forwards the queue to the leader in sequence order,
-//! one command at a time, each as the session's own CURP command (so a resent copy applies
-//! once), and drops it once it has applied *here*. Until then the session's weak reads at this
-//! replica see it (the overlay); nobody else's do.
+//! one command at a time (the next once the previous has applied on the leader), each as the
+//! session's own CURP command (so a resent copy applies once). Until a write has applied *here*
+//! the session's weak reads at this replica see it through the overlay; nobody else's do.
 //!
 //! A weak read is a point read of this replica's applied state, no older than the revision the
 //! session has seen and after the session's last strong write has applied here.
@@ -31,6 +31,9 @@ use crate::types::Response;
 
 /// Weak writes one session may have accepted here and not yet applied.
 pub const MAX_QUEUED: usize = 1024;
+/// Bytes of weak writes (request bodies) all sessions may have queued here at once, by default
+/// (`ServeConfig::curp_weak_queue_bytes`).
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 /// Sessions with weak writes this replica tracks at once.
 pub const MAX_SESSIONS: usize = 10_000;
 /// A session with nothing queued is forgotten after this long without a weak write.
@@ -42,7 +45,7 @@ struct Session {
     queue: VecDeque<Command>,
     /// The newest queued value per key: (sequence number, value).
     overlay: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
-    /// The highest sequence number forwarded and applied here.
+    /// The highest sequence number forwarded and applied on the leader (in the log).
     applied_through: u64,
     /// A forwarding task runs for this session.
     forwarding: bool,
@@ -53,6 +56,8 @@ struct Session {
 #[derive(Default)]
 pub struct Weak {
     sessions: Mutex<HashMap<u64, Session>>,
+    /// Bytes of the request bodies queued over all sessions.
+    queued_bytes: std::sync::atomic::AtomicUsize,
 }
 
 /// A weak read's answer.
@@ -101,6 +106,15 @@ impl Weak {
                 "keel: the session has {MAX_QUEUED} weak writes not yet applied at this replica"
             )));
         }
+        let bytes = cmd.body.len();
+        let limit = node.config.curp_weak_queue_bytes;
+        if self.queued_bytes.load(std::sync::atomic::Ordering::Relaxed) + bytes > limit {
+            return Err(Status::resource_exhausted(format!(
+                "keel: this replica holds {} KiB of weak writes not yet applied; try again later",
+                limit >> 10
+            )));
+        }
+        self.queued_bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         s.overlay.insert(key, (id.seq, value));
         s.queue.push_back(cmd);
         if !s.forwarding {
@@ -125,14 +139,24 @@ impl Weak {
         self.sessions.lock().get(&client).map_or(0, |s| s.applied_through)
     }
 
-    fn applied(&self, id: CommandId) {
+    /// `id`, the head of its session's queue, has applied on the leader: it is in the log, so
+    /// the next one may be forwarded. Its overlay entry stays until it has applied here.
+    fn forwarded(&self, id: CommandId) {
         let mut sessions = self.sessions.lock();
         let Some(s) = sessions.get_mut(&id.client) else { return };
         if s.queue.front().is_some_and(|c| c.id == id) {
-            s.queue.pop_front();
+            if let Some(c) = s.queue.pop_front() {
+                self.queued_bytes.fetch_sub(c.body.len(), std::sync::atomic::Ordering::Relaxed);
+            }
         }
         s.applied_through = s.applied_through.max(id.seq);
-        s.overlay.retain(|_, (seq, _)| *seq != id.seq);
+    }
+
+    /// Drops the session's overlay entries up to `seq`: their commands have applied here.
+    fn sweep(&self, client: u64, seq: u64) {
+        if let Some(s) = self.sessions.lock().get_mut(&client) {
+            s.overlay.retain(|_, (q, _)| *q > seq);
+        }
     }
 
     /// The next command to forward for `client`, or None (and the task ends) when the queue
@@ -215,10 +239,29 @@ impl Weak {
     }
 }
 
-/// Forwards `client`'s queued weak writes to the leader, one at a time in order, until the
-/// queue is empty or this member stops.
+/// Forwards `client`'s queued weak writes to the leader in order, each once the previous one
+/// has applied there (so it is in the log before the next is proposed), until the queue is
+/// empty or this member stops; then waits until they have applied here and drops their
+/// overlay entries. (Waiting for each to apply here before forwarding the next cost a
+/// heartbeat per write: a follower learns the commit index with the next append.)
 async fn forward(node: Arc<Node>, client: u64) {
     let mut stopping = node.stopping.subscribe();
+    let mut applied = node.sm.applied_tx.subscribe();
+    // Forwarded, not yet seen applied here, in order.
+    let mut unconfirmed: std::collections::VecDeque<CommandId> = std::collections::VecDeque::new();
+    let confirm = |unconfirmed: &mut std::collections::VecDeque<CommandId>| {
+        let mut through = None;
+        while let Some(id) = unconfirmed.front().copied() {
+            if !matches!(node.sm.curp_applied(id), Ok(true)) {
+                break;
+            }
+            through = Some(id.seq);
+            unconfirmed.pop_front();
+        }
+        if let Some(seq) = through {
+            node.weak.sweep(client, seq);
+        }
+    };
     while let Some(cmd) = node.weak.next(client) {
         if *stopping.borrow_and_update() {
             node.weak.stop(client);
@@ -227,7 +270,7 @@ async fn forward(node: Arc<Node>, client: u64) {
         let request = match cmd.to_request() {
             Ok(r) => r,
             Err(_) => {
-                node.weak.applied(cmd.id);
+                node.weak.forwarded(cmd.id);
                 continue;
             }
         };
@@ -246,17 +289,20 @@ async fn forward(node: Arc<Node>, client: u64) {
                 continue;
             }
         }
-        // Forget it only once it has applied *here*: until then reads here need the overlay.
-        let mut applied = node.sm.applied_tx.subscribe();
-        loop {
-            if matches!(node.sm.curp_applied(cmd.id), Ok(true)) {
-                break;
-            }
-            tokio::select! {
-                r = applied.changed() => if r.is_err() { node.weak.stop(client); return; },
-                _ = stopping.changed() => { node.weak.stop(client); return; }
-            }
+        node.weak.forwarded(cmd.id);
+        unconfirmed.push_back(cmd.id);
+        confirm(&mut unconfirmed);
+    }
+    // The queue is empty (a later write starts a new task): the overlay entries of what was
+    // forwarded go once it has applied here.
+    while !unconfirmed.is_empty() {
+        confirm(&mut unconfirmed);
+        if unconfirmed.is_empty() {
+            break;
         }
-        node.weak.applied(cmd.id);
+        tokio::select! {
+            r = applied.changed() => if r.is_err() { return },
+            _ = stopping.changed() => return,
+        }
     }
 }
