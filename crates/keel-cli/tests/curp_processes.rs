@@ -177,36 +177,10 @@ async fn weak_sessions_stay_causal_across_kill_9() {
         members.start(victim);
     }
 
-    let mut sessions = Vec::new();
-    for t in tasks {
-        let (client, ops) = t.await.unwrap();
-        let mut settled = false;
-        for _ in 0..20 {
-            if client.settle().await.is_ok() {
-                settled = true;
-                break;
-            }
-        }
-        assert!(settled, "seed {seed}: a weak session's writes did not apply after the kills");
-        sessions.push(ops);
-    }
-    // The newest put of any weak key (the latest of each key's current value) ends the record.
-    let mut head = None;
-    for _ in 0..50 {
-        let Ok(mut c) = etcd_client::Client::connect(urls.clone(), None).await else { continue };
-        if let Ok(now) = c.get("wkey", Some(etcd_client::GetOptions::new().with_prefix())).await {
-            head = Some(now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(start_rev));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    head_tx.send_replace(head.expect("no member answered a read after the kills"));
-    let log = tokio::time::timeout(Duration::from_secs(60), recorder)
+    let sessions = causal::settle_all(tasks, 20).await.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let log = causal::close_log(&urls, "wkey", start_rev, head_tx, recorder)
         .await
-        .expect("the recording watch did not catch up")
-        .unwrap()
         .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-    let log = causal::log_of(&log).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let ops: usize = sessions.iter().map(Vec::len).sum();
     let pending = sessions.iter().flatten().filter(|o| matches!(o, SessionOp::Get { pending: true, .. })).count();
     eprintln!("seed {seed}: {kills} kills, {ops} weak-session operations ({pending} reads of own pending writes), {} writes applied", log.len());

@@ -205,28 +205,10 @@ async fn curp_histories_under_faults_are_linearizable() {
     }
     // The weak sessions' writes apply (resent where need be), then the log of their keys is
     // read back (recorded by the watch since the start) and every session is checked against it.
-    let mut sessions = Vec::new();
-    for t in weak_tasks {
-        let (client, ops) = t.await.unwrap();
-        let mut settled = false;
-        for _ in 0..10 {
-            if client.settle().await.is_ok() {
-                settled = true;
-                break;
-            }
-        }
-        assert!(settled, "seed {seed}: a weak session's writes did not apply after the faults healed");
-        sessions.push(ops);
-    }
-    // The newest put of any weak key (the latest of each key's current value) ends the record.
-    let now = etcd.get("wkey", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
-    head_tx.send_replace(now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(start_rev));
-    let log = tokio::time::timeout(Duration::from_secs(60), recorder)
+    let sessions = causal::settle_all(weak_tasks, 10).await.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let log = causal::close_log(&urls, "wkey", start_rev, head_tx, recorder)
         .await
-        .expect("the recording watch did not catch up")
-        .unwrap()
         .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-    let log = causal::log_of(&log).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let weak_ops: usize = sessions.iter().map(Vec::len).sum();
     let pending_reads = sessions.iter().flatten().filter(|o| matches!(o, SessionOp::Get { pending: true, .. })).count();
     eprintln!("seed {seed}: {weak_ops} weak-session operations ({pending_reads} reads of own pending writes), {} writes applied", log.len());

@@ -24,6 +24,9 @@ pub enum SessionOp {
     Get { key: usize, got: Option<(u64, i64)>, pending: bool },
 }
 
+/// Applied puts as recorded: (key, value, revision).
+pub type Puts = Vec<(usize, u64, i64)>;
+
 /// The log of the checked keys: value → (key, revision).
 pub type Log = HashMap<u64, (usize, i64)>;
 
@@ -157,7 +160,7 @@ pub async fn record_log(
     prefix: &'static str,
     from: i64,
     mut head: tokio::sync::watch::Receiver<i64>,
-) -> Result<Vec<(usize, u64, i64)>, String> {
+) -> Result<Puts, String> {
     let mut puts = Vec::new();
     let mut next = from;
     let mut cancels = 0;
@@ -211,4 +214,55 @@ pub async fn record_log(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err("unreachable".into())
+}
+
+/// Waits for each weak session's task, then until its writes have applied (`tries` attempts of
+/// `settle`); returns the sessions' histories, or says which one did not settle.
+pub async fn settle_all(
+    tasks: Vec<tokio::task::JoinHandle<(keel_curp::client::Client, Vec<SessionOp>)>>,
+    tries: usize,
+) -> Result<Vec<Vec<SessionOp>>, String> {
+    let mut sessions = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (client, ops) = t.await.map_err(|e| format!("weak session {i}: {e}"))?;
+        let mut settled = false;
+        for _ in 0..tries {
+            if client.settle().await.is_ok() {
+                settled = true;
+                break;
+            }
+        }
+        if !settled {
+            return Err(format!("weak session {i}'s writes did not apply after the faults"));
+        }
+        sessions.push(ops);
+    }
+    Ok(sessions)
+}
+
+/// Ends a [`record_log`] run: reads the newest put of the keys `prefix`N (asking the members
+/// again while they recover), sends it as the head, and returns the log once recorded that far.
+pub async fn close_log(
+    urls: &[String],
+    prefix: &str,
+    start_rev: i64,
+    head: tokio::sync::watch::Sender<i64>,
+    recorder: tokio::task::JoinHandle<Result<Puts, String>>,
+) -> Result<Log, String> {
+    let mut newest = None;
+    for _ in 0..50 {
+        let Ok(mut c) = etcd_client::Client::connect(urls, None).await else { continue };
+        if let Ok(now) = c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await {
+            // The latest of each key's current value is the newest put of any.
+            newest = Some(now.kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(start_rev));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    head.send_replace(newest.ok_or("no member answered a read after the faults")?);
+    let puts = tokio::time::timeout(Duration::from_secs(60), recorder)
+        .await
+        .map_err(|_| "the recording watch did not catch up".to_string())?
+        .map_err(|e| e.to_string())??;
+    log_of(&puts)
 }
