@@ -134,11 +134,6 @@ impl Weak {
         }
     }
 
-    /// The session's applied-through mark here.
-    pub fn applied_through(&self, client: u64) -> u64 {
-        self.sessions.lock().get(&client).map_or(0, |s| s.applied_through)
-    }
-
     /// `id`, the head of its session's queue, has applied on the leader: it is in the log, so
     /// the next one may be forwarded. Its overlay entry stays until it has applied here.
     fn forwarded(&self, id: CommandId) {
@@ -173,7 +168,8 @@ impl Weak {
         }
     }
 
-    /// Forgets every queue (this member stops; the sessions resend elsewhere).
+    /// The session's forwarding task ends (this member stops; its queue stays, and the session
+    /// resends to another member).
     fn stop(&self, client: u64) {
         if let Some(s) = self.sessions.lock().get_mut(&client) {
             s.forwarding = false;
