@@ -285,7 +285,9 @@ async fn auth_rules_permissions_and_tokens_hold_on_every_member() {
 async fn a_token_expires_after_the_token_ttl_on_every_member() {
     let dir = tempfile::tempdir().unwrap();
     let ip = common::loopback_ip(71);
-    let servers = start_cluster(dir.path(), &ip, Duration::from_secs(2)).await;
+    // 6 s: a member busy with other tests (debug build, 2 cores) once took over 2 s to apply
+    // the auth enable, and a 2 s token had expired before that member ever accepted it.
+    let servers = start_cluster(dir.path(), &ip, Duration::from_secs(6)).await;
     let url = |i: usize| format!("http://{ip}:{}", 24790 + i);
     let mut open = client(&url(0), None).await.unwrap();
     open.user_add("root", "rootpw", None).await.unwrap();
