@@ -249,6 +249,16 @@ impl Node {
         let sm =
             StateMachine::open(&member_dir.join("sm"), Arc::clone(&config.fs)).map_err(|e| io_cfg(&member_dir, e))?;
         let shared = Arc::clone(&sm.shared);
+        // The CURP witness's pool, as it was at the last stop, less what has applied since.
+        let witness = {
+            let sm = Arc::clone(&shared);
+            let w =
+                crate::curp::witness::Witness::open(&member_dir.join("witness"), Arc::clone(&config.fs), move |id| {
+                    matches!(sm.curp_applied(id), Ok(true))
+                })
+                .map_err(|e| io_cfg(&member_dir, e))?;
+            Arc::new(w)
+        };
         let election_ms = config.election_timeout.as_millis() as u64;
         let raft_config = Config {
             cluster_name: format!("{cluster_id:016x}"),
@@ -299,7 +309,7 @@ impl Node {
             stopping: tokio::sync::watch::channel(false).0,
             fatal: Mutex::new(None),
             front: crate::curp::front::Front::new(),
-            witness: Arc::new(crate::curp::witness::Witness::new()),
+            witness,
             weak: crate::curp::weak::Weak::new(),
         });
         // The witness forgets each CURP command once this member has applied it.
@@ -686,7 +696,14 @@ impl PeerHandler for Node {
                 Err(e) => fatal(e.to_string()),
             },
             // A new leader's CURP recovery: fence this witness and hand over its pool.
-            PeerRequest::CurpFence { term } => PeerResponse::CurpPool(self.witness.fence(term)),
+            // The pool goes only once the fence is durable (W5).
+            PeerRequest::CurpFence { term } => {
+                let (pool, ticket) = self.witness.fence(term);
+                match ticket.durable().await {
+                    Ok(()) => PeerResponse::CurpPool(pool),
+                    Err(e) => PeerResponse::Error(e.to_string()),
+                }
+            }
             PeerRequest::CurpDropBelow { term } => {
                 self.witness.drop_below(term);
                 PeerResponse::CurpPool(Vec::new())

@@ -59,7 +59,7 @@ fn run(
     let mut collected: Vec<(u64, Vec<Pooled>)> = Vec::new();
     for (p, &(c, m)) in events.iter().enumerate() {
         if p == fence_at {
-            collected = majority.iter().map(|m| (*m as u64, pools[*m].fence(2))).collect();
+            collected = majority.iter().map(|m| (*m as u64, pools[*m].fence(2).0)).collect();
         }
         first_sent[c].get_or_insert(p);
         accepted[c][m] = pools[m].record(id(c), 1, RequestKind::Put, body(c)).is_ok();
@@ -71,7 +71,7 @@ fn run(
         }
     }
     if fence_at >= events.len() {
-        collected = majority.iter().map(|m| (*m as u64, pools[*m].fence(2))).collect();
+        collected = majority.iter().map(|m| (*m as u64, pools[*m].fence(2).0)).collect();
     }
     let need = (threshold(collected.len(), s.n) as isize + need_delta).max(1) as usize;
     let got = recover_with_threshold(&collected, need);

@@ -6,6 +6,7 @@
 //! (the slow path). `docs/design/replication.md` (section C) argues each case.
 //!
 //! - [`witness`]: the per-member pools of unsynced commands.
+//! - [`journal`]: where a witness keeps its pool and fence across a crash.
 //! - [`recovery`]: which pooled commands a new leader must propose again, and in what order.
 //! - [`front`]: the leader's single ordering point (speculative order is log order).
 //! - [`service`]: the `keelcurp.Curp` gRPC service beside etcd's.
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::types::{Request, RequestKind};
 
 pub mod front;
+pub mod journal;
 pub mod recovery;
 pub mod service;
 pub mod takeover;

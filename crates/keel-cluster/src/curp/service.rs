@@ -116,9 +116,12 @@ impl Curp {
         }
         // The leader's own pool holds the command as another witness would (its log holds it
         // too, but a deposed leader's log may be cut; its pool is fenced like any other).
-        let recorded = client_term == term
-            && node.front.open_term() == Some(term)
-            && node.witness.record(cmd.id, term, cmd.kind, cmd.body.clone()).is_ok();
+        let ticket = if client_term == term && node.front.open_term() == Some(term) {
+            node.witness.record(cmd.id, term, cmd.kind, cmd.body.clone()).ok()
+        } else {
+            None
+        };
+        let recorded = ticket.is_some();
         let request = cmd.to_request().map_err(|e| Status::internal(e.to_string()))?;
         let submitted = match node.propose(request, recorded.then_some(term)).await {
             Ok(s) => s,
@@ -131,7 +134,13 @@ impl Curp {
             Err(e) => return Err(crate::etcd_api::node_status(e)),
         };
         let voters = node.voters();
-        if let Some(Response::Ok(result)) = submitted.speculative {
+        // A speculative answer only once the leader's own record is durable (W5): its log
+        // entry may not be yet, and this pool is one of the superquorum.
+        let durable = match ticket {
+            Some(t) => t.durable().await.is_ok(),
+            None => false,
+        };
+        if let (true, Some(Response::Ok(result))) = (durable, submitted.speculative) {
             return Ok(GrpcResponse::new(ProposeReply {
                 status: status::SPECULATIVE,
                 term,
@@ -175,8 +184,20 @@ impl Curp {
                 refusal: String::new(),
             }));
         }
-        Ok(GrpcResponse::new(match node.witness.record(cmd.id, term, cmd.kind, cmd.body) {
-            Ok(()) => RecordReply { accepted: true, fence: node.witness.fence_term(), member, refusal: String::new() },
+        let recorded = node.witness.record(cmd.id, term, cmd.kind, cmd.body);
+        Ok(GrpcResponse::new(match recorded {
+            // Accepted only once the record is durable (W5).
+            Ok(ticket) => match ticket.durable().await {
+                Ok(()) => {
+                    RecordReply { accepted: true, fence: node.witness.fence_term(), member, refusal: String::new() }
+                }
+                Err(e) => RecordReply {
+                    accepted: false,
+                    fence: node.witness.fence_term(),
+                    member,
+                    refusal: format!("storage: {e}"),
+                },
+            },
             Err(r) => {
                 let fence = match r {
                     Refusal::Fenced { fence } => fence,

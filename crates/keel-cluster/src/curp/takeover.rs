@@ -128,7 +128,11 @@ async fn fence_majority(node: &Arc<Node>, term: u64, timeout: Duration) -> Optio
     let majority = voters.len() / 2 + 1;
     let mut pools = Vec::with_capacity(majority);
     if voters.contains(&node.id) {
-        pools.push((node.id, node.witness.fence(term)));
+        // Counted only once the fence is durable (W5).
+        let (pool, ticket) = node.witness.fence(term);
+        if ticket.durable().await.is_ok() {
+            pools.push((node.id, pool));
+        }
     }
     let req = PeerRequest::CurpFence { term };
     let mut calls: FuturesUnordered<_> = voters

@@ -12,11 +12,23 @@
 //!   if a command completed before another was sent, every pool holding both received it first.
 //! - **W4. Bounded.** Past [`MAX_COMMANDS`] commands or [`MAX_BYTES`] of bodies (by default) a
 //!   record is refused (`Full`): a refusal only costs the client the fast path.
+//! - **W5. Durable before acknowledged.** A member's witness keeps its pool and its fence in a
+//!   store of its own (`super::journal`): a record is acknowledged (and the leader's
+//!   speculative answer given) only once its row is on stable storage, and a fence only once
+//!   it is. So a fast-path write survives every member losing power at once, and a restarted
+//!   member keeps refusing the terms it fenced. ([`Witness::new`] is the in-memory pool of
+//!   the unit tests.)
 
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use keeldb::fs::FileSystem;
 use parking_lot::Mutex;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use super::journal::{self, Done, Journal};
 use super::CommandId;
 use crate::mvcc::KeySpan;
 use crate::types::RequestKind;
@@ -145,6 +157,22 @@ struct Pool {
 /// A member's witness.
 pub struct Witness {
     pool: Mutex<Pool>,
+    /// Where the pool is kept across a crash (`None`: in memory only, for tests).
+    journal: Option<Journal>,
+}
+
+/// What to wait for before acknowledging a record or handing over a fenced pool (W5).
+#[must_use = "a record or fence is acknowledged only once durable"]
+pub struct Ticket(Option<Done>);
+
+impl Ticket {
+    /// Completes once what was recorded or fenced is on stable storage.
+    pub async fn durable(self) -> io::Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(done) => journal::durable(done).await,
+        }
+    }
 }
 
 impl Default for Witness {
@@ -170,22 +198,54 @@ impl Witness {
             bytes: 0,
             entries: Vec::new(),
         };
-        Witness { pool: Mutex::new(pool) }
+        Witness { pool: Mutex::new(pool), journal: None }
     }
 
-    /// Records command `id` of `term` unless refused (W1, W2, W4). Recording an id that is
-    /// pooled already succeeds without a second entry.
-    pub fn record(&self, id: CommandId, term: u64, kind: RequestKind, body: Vec<u8>) -> Result<(), Refusal> {
+    /// The witness kept in the store at `dir` (created if missing), with the pool and fence it
+    /// held at its last stop. Commands `applied` says have applied on this member are dropped
+    /// from the pool (their removal may not have reached the disk before a crash).
+    ///
+    /// The pool loaded is taken as it is, without W1's check: every command in it was
+    /// accepted while its conflicting predecessors (if any) had left the pool by applying,
+    /// and a command that applied and comes back is at worst proposed again by a recovery,
+    /// which applies it once (the dedup table).
+    pub fn open(dir: &Path, fs: Arc<dyn FileSystem>, applied: impl Fn(CommandId) -> bool) -> io::Result<Witness> {
+        let (journal, loaded) = Journal::open(dir, fs)?;
+        let w = Witness::new();
+        {
+            let mut p = w.pool.lock();
+            p.fence = loaded.fence;
+            p.next = loaded.last_arrival;
+            let mut gone = Vec::new();
+            for e in loaded.pooled {
+                if applied(e.id) {
+                    gone.push(e.arrival);
+                    continue;
+                }
+                let fp = footprint(e.kind, &e.body);
+                p.bytes += e.body.len();
+                p.entries.push((e, fp));
+            }
+            journal.remove(gone);
+        }
+        Ok(Witness { journal: Some(journal), ..w })
+    }
+
+    /// Records command `id` of `term` unless refused (W1, W2, W4); the ticket says when the
+    /// record is durable (W5). Recording an id that is pooled already succeeds without a
+    /// second entry.
+    pub fn record(&self, id: CommandId, term: u64, kind: RequestKind, body: Vec<u8>) -> Result<Ticket, Refusal> {
         let fp = footprint(kind, &body);
         let mut p = self.pool.lock();
         if p.recent.contains(&id) {
-            return Ok(());
+            return Ok(Ticket(None));
         }
         if term < p.fence {
             return Err(Refusal::Fenced { fence: p.fence });
         }
         if p.entries.iter().any(|(e, _)| e.id == id) {
-            return Ok(());
+            // Its first record may still be on its way to the disk: wait for what is queued.
+            return Ok(Ticket(self.journal.as_ref().map(|j| j.fence(0))));
         }
         if p.entries.iter().any(|(_, f)| conflicts(f, &fp)) {
             return Err(Refusal::Conflict);
@@ -196,16 +256,20 @@ impl Witness {
         p.next += 1;
         p.bytes += body.len();
         let arrival = p.next;
-        p.entries.push((Pooled { id, term, kind, body, arrival }, fp));
-        Ok(())
+        let pooled = Pooled { id, term, kind, body, arrival };
+        // Sent under the lock: the row is queued before any removal of it.
+        let ticket = Ticket(self.journal.as_ref().map(|j| j.add(&pooled)));
+        p.entries.push((pooled, fp));
+        Ok(ticket)
     }
 
     /// Raises the fence to `term` (never lowers it) and returns the pool in arrival order,
-    /// in one step (W2).
-    pub fn fence(&self, term: u64) -> Vec<Pooled> {
+    /// in one step (W2). The pool may be handed over only once the ticket is durable (W5).
+    pub fn fence(&self, term: u64) -> (Vec<Pooled>, Ticket) {
         let mut p = self.pool.lock();
         p.fence = p.fence.max(term);
-        p.entries.iter().map(|(e, _)| e.clone()).collect()
+        let ticket = Ticket(self.journal.as_ref().map(|j| j.fence(term)));
+        (p.entries.iter().map(|(e, _)| e.clone()).collect(), ticket)
     }
 
     /// The fence term.
@@ -225,8 +289,18 @@ impl Witness {
 
     fn retain(&self, keep: impl Fn(&Pooled) -> bool) {
         let mut p = self.pool.lock();
-        p.entries.retain(|(e, _)| keep(e));
+        let mut gone = Vec::new();
+        p.entries.retain(|(e, _)| {
+            let k = keep(e);
+            if !k {
+                gone.push(e.arrival);
+            }
+            k
+        });
         p.bytes = p.entries.iter().map(|(e, _)| e.body.len()).sum();
+        if let Some(j) = &self.journal {
+            j.remove(gone);
+        }
     }
 
     /// Forgets commands this member has applied, and remembers the last [`RECENT`] of them.
@@ -236,8 +310,18 @@ impl Witness {
         }
         let set: std::collections::HashSet<&CommandId> = ids.iter().collect();
         let mut p = self.pool.lock();
-        p.entries.retain(|(e, _)| !set.contains(&e.id));
+        let mut gone = Vec::new();
+        p.entries.retain(|(e, _)| {
+            let k = !set.contains(&e.id);
+            if !k {
+                gone.push(e.arrival);
+            }
+            k
+        });
         p.bytes = p.entries.iter().map(|(e, _)| e.body.len()).sum();
+        if let Some(j) = &self.journal {
+            j.remove(gone);
+        }
         for id in ids {
             if p.recent.insert(*id) {
                 p.recent_order.push_back(*id);
@@ -335,34 +419,39 @@ mod tests {
         assert_eq!(fp(RequestKind::Curp, &bincode::serialize(&cmd).unwrap()), a);
     }
 
+    /// Records without waiting (an in-memory pool has nothing to wait for).
+    fn rec(w: &Witness, id: CommandId, term: u64, kind: RequestKind, body: Vec<u8>) -> Result<(), Refusal> {
+        w.record(id, term, kind, body).map(|_| ())
+    }
+
     #[test]
     fn a_pool_refuses_conflicts_and_lower_terms_and_keeps_arrival_order() {
         let w = Witness::new();
-        w.record(id(1), 3, RequestKind::Put, put("a")).unwrap();
-        w.record(id(2), 3, RequestKind::Put, put("b")).unwrap();
-        assert_eq!(w.record(id(3), 3, RequestKind::Put, put("a")), Err(Refusal::Conflict));
-        assert_eq!(w.record(id(3), 3, RequestKind::DeleteRange, del("a", "z")), Err(Refusal::Conflict));
+        rec(&w, id(1), 3, RequestKind::Put, put("a")).unwrap();
+        rec(&w, id(2), 3, RequestKind::Put, put("b")).unwrap();
+        assert_eq!(rec(&w, id(3), 3, RequestKind::Put, put("a")), Err(Refusal::Conflict));
+        assert_eq!(rec(&w, id(3), 3, RequestKind::DeleteRange, del("a", "z")), Err(Refusal::Conflict));
         // Idempotent: the same id again is accepted and not pooled twice.
-        w.record(id(1), 3, RequestKind::Put, put("a")).unwrap();
+        rec(&w, id(1), 3, RequestKind::Put, put("a")).unwrap();
         assert_eq!(w.len(), 2);
-        let pool = w.fence(4);
+        let pool = w.fence(4).0;
         assert_eq!(pool.iter().map(|p| (p.id.seq, p.arrival)).collect::<Vec<_>>(), [(1, 1), (2, 2)]);
-        assert_eq!(w.record(id(4), 3, RequestKind::Put, put("c")), Err(Refusal::Fenced { fence: 4 }));
-        w.record(id(4), 4, RequestKind::Put, put("c")).unwrap();
+        assert_eq!(rec(&w, id(4), 3, RequestKind::Put, put("c")), Err(Refusal::Fenced { fence: 4 }));
+        rec(&w, id(4), 4, RequestKind::Put, put("c")).unwrap();
         // A fence never goes down.
-        w.fence(2);
+        let _ = w.fence(2);
         assert_eq!(w.fence_term(), 4);
         // Applied commands go; so do older terms' once told; so does a discarded one.
         w.applied(&[id(1)]);
-        w.record(id(5), 4, RequestKind::Put, put("a")).unwrap();
+        rec(&w, id(5), 4, RequestKind::Put, put("a")).unwrap();
         w.drop_below(4);
-        assert_eq!(w.fence(4).iter().map(|p| p.id.seq).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(w.fence(4).0.iter().map(|p| p.id.seq).collect::<Vec<_>>(), [4, 5]);
         w.discard(id(4));
-        assert_eq!(w.fence(4).iter().map(|p| p.id.seq).collect::<Vec<_>>(), [5]);
+        assert_eq!(w.fence(4).0.iter().map(|p| p.id.seq).collect::<Vec<_>>(), [5]);
         // A record arriving after its command applied here is accepted and not pooled (it
         // would never leave), even below the fence: it is durable already.
         w.applied(&[id(9)]);
-        w.record(id(9), 1, RequestKind::Put, put("a")).unwrap();
+        rec(&w, id(9), 1, RequestKind::Put, put("a")).unwrap();
         assert_eq!(w.len(), 1);
     }
 
@@ -370,12 +459,60 @@ mod tests {
     fn a_full_pool_refuses() {
         let w = Witness::with_limits(100, 4096);
         let big = PbPutRequest { key: b"k".to_vec(), value: vec![0; 4096], ..Default::default() }.encode_to_vec();
-        assert_eq!(w.record(id(1), 1, RequestKind::Put, big), Err(Refusal::Full));
+        assert_eq!(rec(&w, id(1), 1, RequestKind::Put, big), Err(Refusal::Full));
         for i in 0..100 {
-            w.record(id(i + 10), 1, RequestKind::Put, put(&format!("k{i}"))).unwrap();
+            rec(&w, id(i + 10), 1, RequestKind::Put, put(&format!("k{i}"))).unwrap();
         }
-        assert_eq!(w.record(id(1), 1, RequestKind::Put, put("other")), Err(Refusal::Full));
+        assert_eq!(rec(&w, id(1), 1, RequestKind::Put, put("other")), Err(Refusal::Full));
         w.applied(&[id(10)]);
-        w.record(id(1), 1, RequestKind::Put, put("other")).unwrap();
+        rec(&w, id(1), 1, RequestKind::Put, put("other")).unwrap();
+    }
+
+    fn open_on(disk: &keel_testkit::sim::SimFs, applied: &'static [u64]) -> Witness {
+        Witness::open(Path::new("/m/witness"), Arc::new(disk.clone()), |id| applied.contains(&id.seq)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_kept_pool_and_fence_survive_power_loss() {
+        for seed in 0..20 {
+            let disk = keel_testkit::sim::SimFs::new(seed);
+            let w = open_on(&disk, &[]);
+            for (i, k) in ["a", "b", "c"].iter().enumerate() {
+                w.record(id(i as u64 + 1), 3, RequestKind::Put, put(k)).unwrap().durable().await.unwrap();
+            }
+            let (_, fenced) = w.fence(5);
+            fenced.durable().await.unwrap();
+            // Removals are not synced: one may come back, and is dropped again if applied.
+            w.applied(&[id(1)]);
+            w.discard(id(2));
+            drop(w);
+            disk.crash();
+            let w = open_on(&disk, &[1]);
+            let seqs: Vec<u64> = w.fence(0).0.iter().map(|p| p.id.seq).collect();
+            assert!(seqs == [3] || seqs == [2, 3], "seed {seed}: {seqs:?}");
+            assert_eq!(w.fence_term(), 5, "seed {seed}");
+            assert_eq!(rec(&w, id(7), 4, RequestKind::Put, put("d")), Err(Refusal::Fenced { fence: 5 }));
+            // New arrivals come after every kept one, and a kept command still conflicts.
+            assert_eq!(rec(&w, id(8), 5, RequestKind::Put, put("c")), Err(Refusal::Conflict));
+            w.record(id(9), 5, RequestKind::Put, put("e")).unwrap().durable().await.unwrap();
+            let pool = w.fence(0).0;
+            assert_eq!(pool.last().map(|p| p.id.seq), Some(9));
+            assert!(pool.windows(2).all(|p| p[0].arrival < p[1].arrival), "seed {seed}: {pool:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_witness_whose_sync_failed_acknowledges_nothing_more() {
+        use keel_testkit::sim::{Fault, FaultOp};
+        let disk = keel_testkit::sim::SimFs::new(7);
+        let w = open_on(&disk, &[]);
+        w.record(id(1), 1, RequestKind::Put, put("a")).unwrap().durable().await.unwrap();
+        disk.inject(Fault::new(FaultOp::SyncData).on_path("witness"));
+        assert!(w.record(id(2), 1, RequestKind::Put, put("b")).unwrap().durable().await.is_err());
+        disk.clear_faults();
+        // The failed sync may have dropped anything unsynced: nothing later is acknowledged,
+        // fences included.
+        assert!(w.record(id(3), 1, RequestKind::Put, put("c")).unwrap().durable().await.is_err());
+        assert!(w.fence(2).1.durable().await.is_err());
     }
 }
