@@ -50,10 +50,16 @@ struct Job {
     done: Box<dyn FnOnce(io::Result<()>) + Send>,
 }
 
+/// Told, for each CURP command handed to the log store, its id and the leader (term, member)
+/// that appended it: a leader's early answer waits for this (`curp::front`).
+pub type AppendHook = Arc<dyn Fn(&[(crate::curp::CommandId, u64, u64)]) + Send + Sync>;
+
 /// The log store handed to openraft; cheap to clone.
 #[derive(Clone)]
 pub struct LogStore {
     mirror: Arc<Mutex<Mirror>>,
+    /// See [`AppendHook`].
+    on_append: Arc<parking_lot::RwLock<Option<AppendHook>>>,
     jobs: mpsc::Sender<Job>,
     /// The newest committed id not yet written: it rides along with the next log write
     /// instead of costing an fdatasync of its own.
@@ -111,7 +117,12 @@ impl LogStore {
         std::thread::Builder::new()
             .name("keel-raft-log".into())
             .spawn(move || writer(db, rx, pending, last_written))?;
-        Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), jobs: tx, pending_committed })
+        Ok(LogStore { mirror: Arc::new(Mutex::new(mirror)), on_append: Arc::default(), jobs: tx, pending_committed })
+    }
+
+    /// Sets the hook told of the CURP commands appended (see [`AppendHook`]).
+    pub fn set_on_append(&self, hook: AppendHook) {
+        *self.on_append.write() = Some(hook);
     }
 
     /// Whether the log holds nothing at all: no entry, no purge point, no vote.
@@ -310,6 +321,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut ops = Vec::new();
+        let mut curp = Vec::new();
         {
             let mut m = self.mirror.lock();
             // The log stays contiguous: each appended entry follows the last one (or the purge
@@ -330,7 +342,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
                 next = Some(index + 1);
                 ops.push(Op::Put(index.to_be_bytes().to_vec(), encode(&entry)?, LOG));
+                if let openraft::EntryPayload::Normal(req) = &entry.payload {
+                    if req.kind == crate::types::RequestKind::Curp {
+                        // A command's body starts with its id (bincode, fixed width).
+                        if let Ok(id) = bincode::deserialize::<crate::curp::CommandId>(&req.body) {
+                            curp.push((id, entry.log_id.leader_id.term, entry.log_id.leader_id.node_id));
+                        }
+                    }
+                }
                 m.entries.insert(index, entry);
+            }
+        }
+        if !curp.is_empty() {
+            if let Some(hook) = self.on_append.read().as_ref() {
+                hook(&curp);
             }
         }
         self.submit(ops, Box::new(move |r| callback.io_completed(r)))

@@ -312,6 +312,13 @@ impl Node {
             witness,
             weak: crate::curp::weak::Weak::new(),
         });
+        // The front learns which speculated commands this member appended as leader.
+        let weak_node = Arc::downgrade(&node);
+        node.log.set_on_append(Arc::new(move |items| {
+            if let Some(n) = weak_node.upgrade() {
+                n.front.appended(n.id, items);
+            }
+        }));
         // The witness forgets each CURP command once this member has applied it.
         let w = Arc::clone(&node.witness);
         *node.sm.on_curp_applied.write() = Some(Arc::new(move |ids| w.applied(ids)));

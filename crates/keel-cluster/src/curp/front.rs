@@ -7,6 +7,13 @@
 //!   writes, forwarded writes, lease expiry, compaction, CURP commands, a new leader's
 //!   re-proposals) is handed to Raft under one lock, so the log holds them in the order the
 //!   front saw them.
+//! - **An early answer is given only for a command in the log.** Handing a write to Raft
+//!   does not append it: a leader whose lease has lapsed (its heartbeats were answered too
+//!   late) refuses writes and stays leader. The answer waits until the log store has been
+//!   handed the command by this leader in this term (`Submitted::appended`); a refused command
+//!   is answered after it fails, never early. (Without this, found by `keelcheck fault --netns
+//!   --curp-percent 50`: a write answered early was refused, later writes on its key committed,
+//!   and the next leader re-proposed it after them.)
 //! - **A speculative answer is the applied answer.** A CURP command is executed early only
 //!   when nothing pending (proposed by this leader and not yet applied here) conflicts with it
 //!   and the gate is open; the gate opens in a term only after every entry of earlier terms
@@ -28,6 +35,7 @@ use openraft::impls::ProgressResponder;
 use parking_lot::Mutex;
 
 use super::witness::{self, Footprint};
+use super::CommandId;
 use crate::node::NodeError;
 use crate::types::{Raft, Request, Response};
 
@@ -41,10 +49,18 @@ struct Pending {
     done: tokio::sync::watch::Receiver<bool>,
 }
 
+/// A speculated command waiting to be seen appended: the term it was speculated in, its
+/// proposal number, and whom to tell.
+type AppendWait = (u64, u64, tokio::sync::oneshot::Sender<()>);
+
 /// What the front answers for a submitted write.
 pub struct Submitted {
-    /// The early answer of a CURP command executed speculatively (header revision 0).
+    /// The early answer of a CURP command executed speculatively (header revision 0). It may
+    /// be given only once `appended` completes.
     pub speculative: Option<Response>,
+    /// For a speculated command: completes once the command is in this leader's log, in this
+    /// term; fails if Raft refused it (see the module doc).
+    pub appended: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Completes with the applied answer (or the error that ended the proposal).
     pub applied: tokio::sync::oneshot::Receiver<Result<Response, NodeError>>,
 }
@@ -58,6 +74,8 @@ pub struct Front {
     /// `Some(term)`: this member leads in `term`, has recovered, and takes writes and
     /// speculation; `None`: writes wait (a new leader recovering) or go elsewhere.
     gate: tokio::sync::watch::Sender<Option<u64>>,
+    /// Speculated commands waiting to be seen appended: id → (term, proposal number, waker).
+    appends: Arc<Mutex<HashMap<CommandId, AppendWait>>>,
 }
 
 impl Default for Front {
@@ -73,6 +91,23 @@ impl Front {
             pending: Arc::new(Mutex::new(HashMap::new())),
             next: AtomicU64::new(1),
             gate: tokio::sync::watch::channel(None).0,
+            appends: Arc::default(),
+        }
+    }
+
+    /// Told by the log store of CURP commands appended by leader `member` in `term` (this
+    /// member's own appends are the ones that count: `me`).
+    pub fn appended(&self, me: u64, items: &[(CommandId, u64, u64)]) {
+        let mut appends = self.appends.lock();
+        for (id, term, member) in items {
+            if *member != me {
+                continue;
+            }
+            if appends.get(id).is_some_and(|(t, _, _)| t == term) {
+                if let Some((_, _, tx)) = appends.remove(id) {
+                    let _ = tx.send(());
+                }
+            }
         }
     }
 
@@ -126,15 +161,36 @@ impl Front {
         } else {
             None
         };
-        let (responder, rx) = ProgressResponder::complete_only();
-        raft.client_write_ff(req, Some(responder)).await.map_err(|e| NodeError::Other(e.to_string()))?;
         let n = self.next.fetch_add(1, Ordering::Relaxed);
+        // An early answer waits until the command is in the log: Raft may still refuse it
+        // (a leader whose lease lapsed refuses writes and stays leader), and an answer for a
+        // command that never reached the log would let later writes on its keys commit before
+        // it, to be re-proposed after them by the next leader.
+        let (appended, speculated_id) = match (&speculative, speculate) {
+            (Some(_), Some(term)) => match super::Command::from_request(&req) {
+                Some(cmd) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    self.appends.lock().insert(cmd.id, (term, n, tx));
+                    (Some(rx), Some(cmd.id))
+                }
+                None => (None, None),
+            },
+            _ => (None, None),
+        };
+        let (responder, rx) = ProgressResponder::complete_only();
+        if let Err(e) = raft.client_write_ff(req, Some(responder)).await {
+            if let Some(id) = speculated_id {
+                self.forget_append(id, n);
+            }
+            return Err(NodeError::Other(e.to_string()));
+        }
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let speculative_for_readers = readers_wait || speculative.is_some();
         self.pending.lock().insert(n, Pending { footprint, speculative: speculative_for_readers, done: done_rx });
         drop(order);
         let (tx, applied) = tokio::sync::oneshot::channel();
         let pending = Arc::clone(&self.pending);
+        let appends = Arc::clone(&self.appends);
         tokio::spawn(async move {
             let result = match rx.await {
                 Ok(Ok(resp)) => Ok(resp.data),
@@ -146,10 +202,24 @@ impl Front {
                 Err(_) => Err(NodeError::Timeout),
             };
             pending.lock().remove(&n);
+            // Refused (or applied without being seen appended in this term): no early answer.
+            if let Some(id) = speculated_id {
+                let mut a = appends.lock();
+                if a.get(&id).is_some_and(|(_, m, _)| *m == n) {
+                    a.remove(&id);
+                }
+            }
             done_tx.send_replace(true);
             let _ = tx.send(result);
         });
-        Ok(Submitted { speculative, applied })
+        Ok(Submitted { speculative, appended, applied })
+    }
+
+    fn forget_append(&self, id: CommandId, n: u64) {
+        let mut a = self.appends.lock();
+        if a.get(&id).is_some_and(|(_, m, _)| *m == n) {
+            a.remove(&id);
+        }
     }
 
     /// Waits until every write answered speculatively before now that conflicts with `read`

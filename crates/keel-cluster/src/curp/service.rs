@@ -123,6 +123,7 @@ impl Curp {
         };
         let recorded = ticket.is_some();
         let request = cmd.to_request().map_err(|e| Status::internal(e.to_string()))?;
+        let cmd_id = cmd.id;
         let submitted = match node.propose(request, recorded.then_some(term)).await {
             Ok(s) => s,
             Err(NodeError::NotLeader(l)) => {
@@ -134,13 +135,18 @@ impl Curp {
             Err(e) => return Err(crate::etcd_api::node_status(e)),
         };
         let voters = node.voters();
-        // A speculative answer only once the leader's own record is durable (W5): its log
-        // entry may not be yet, and this pool is one of the superquorum.
+        // A speculative answer only once the command is in this leader's log (`front`), and the
+        // leader's own record is durable (W5): its log entry may not be yet, and this pool is
+        // one of the superquorum.
+        let appended = match submitted.appended {
+            Some(rx) => tokio::time::timeout(node.request_timeout, rx).await.is_ok_and(|r| r.is_ok()),
+            None => false,
+        };
         let durable = match ticket {
             Some(t) => t.durable().await.is_ok(),
             None => false,
         };
-        if let (true, Some(Response::Ok(result))) = (durable, submitted.speculative) {
+        if let (true, true, Some(Response::Ok(result))) = (appended, durable, submitted.speculative) {
             return Ok(GrpcResponse::new(ProposeReply {
                 status: status::SPECULATIVE,
                 term,
@@ -154,7 +160,13 @@ impl Curp {
                 Ok(GrpcResponse::new(ProposeReply { status: status::SYNCED, term, leader: node.id, result, voters }))
             }
             Ok(Ok(Ok(Response::Err(e)))) => Err(crate::etcd_api::apply_status(e)),
-            Ok(Ok(Err(NodeError::NotLeader(l)))) => Ok(GrpcResponse::new(not_leader(l))),
+            Ok(Ok(Err(NodeError::NotLeader(l)))) => {
+                // Refused by Raft: this pool's record will never leave by applying here.
+                if recorded {
+                    node.witness.discard(cmd_id);
+                }
+                Ok(GrpcResponse::new(not_leader(l)))
+            }
             Ok(Ok(Err(e))) => Err(crate::etcd_api::node_status(e)),
             _ => Err(crate::etcd_api::node_status(NodeError::Timeout)),
         }
