@@ -9,11 +9,13 @@
 //! 3. Wait until the new term's blank entry has applied here: every entry of earlier terms
 //!    that will ever commit has then applied, and the dedup table shows which commands have.
 //! 4. Re-propose, in the order `recovery::recover` gives, every command found in enough of
-//!    the collected pools that has no dedup record. (Applying is idempotent per command id, so
-//!    a command that raced into the log by another way still applies once.)
+//!    the collected pools that has no dedup record, and wait until they have applied. (Applying
+//!    is idempotent per command id, so a command that raced into the log by another way still
+//!    applies once.) If Raft refused any (a lapsed lease: the member may stay leader), start
+//!    again from step 2.
 //! 5. Open the front for the term: new writes follow the re-proposals in the log.
-//! 6. Once the re-proposals have applied (they are committed: no later leader needs them from
-//!    the witnesses), tell every witness to forget commands of earlier terms.
+//! 6. The re-proposals are committed, so no later leader needs them from the witnesses: tell
+//!    every witness to forget commands of earlier terms.
 //!
 //! Leadership lost at any step aborts the task; the next leader starts over from step 1 with
 //! the witnesses' pools as they are (step 6 had not run, so nothing it needs was forgotten).
@@ -61,56 +63,67 @@ pub async fn run(node: Arc<Node>) {
     node.front.close();
 }
 
-/// Steps 2–6 for `term`; retries the fence until a majority answers (the task is aborted if
-/// leadership moves on).
+/// Steps 2–6 for `term`; retries the fence until a majority answers, and steps 2–4 until every
+/// re-proposal has applied (the task is aborted if leadership moves on).
 async fn recover(node: Arc<Node>, term: u64) {
     let timeout = node.config.election_timeout * 2;
-    let (pools, voters) = loop {
-        match fence_majority(&node, term, timeout).await {
-            Some(found) => break found,
-            None => tokio::time::sleep(node.config.heartbeat_interval).await,
+    loop {
+        let (pools, voters) = loop {
+            match fence_majority(&node, term, timeout).await {
+                Some(found) => break found,
+                None => tokio::time::sleep(node.config.heartbeat_interval).await,
+            }
+        };
+        // Step 3: the blank entry of this term (openraft's read index is at least it).
+        let index = loop {
+            match node.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                Ok(read) => break read.log_id().index,
+                Err(_) => tokio::time::sleep(node.config.heartbeat_interval).await,
+            }
+        };
+        let mut applied = node.sm.applied_tx.subscribe();
+        if applied.wait_for(|a| *a >= index).await.is_err() {
+            return;
         }
-    };
-    // Step 3: the blank entry of this term (openraft's read index is at least it).
-    let index = loop {
-        match node.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-            Ok(read) => break read.log_id().index,
-            Err(_) => tokio::time::sleep(node.config.heartbeat_interval).await,
+        // Step 4.
+        let found = super::recovery::recover(&pools, voters);
+        let mut waits = Vec::new();
+        for cmd in found {
+            if matches!(node.sm.curp_result(cmd.id), Ok(Some(_))) {
+                continue;
+            }
+            let command = super::Command { id: cmd.id, first_incomplete: 0, kind: cmd.kind, body: cmd.body.clone() };
+            let Ok(req) = command.to_request() else { continue };
+            match node.front.submit(&node.raft, &node.sm, req, None, true).await {
+                Ok(s) => waits.push(s.applied),
+                // Raft stopped: leadership is over; the next leader recovers again.
+                Err(_) => return,
+            }
         }
-    };
-    let mut applied = node.sm.applied_tx.subscribe();
-    if applied.wait_for(|a| *a >= index).await.is_err() {
-        return;
-    }
-    // Step 4.
-    let found = super::recovery::recover(&pools, voters);
-    let mut waits = Vec::new();
-    let mut reproposed = 0usize;
-    for cmd in found {
-        if matches!(node.sm.curp_result(cmd.id), Ok(Some(_))) {
+        let reproposed = waits.len();
+        // The re-proposals must be in the log, before any new write, before the front opens:
+        // Raft may refuse a proposal while this member stays leader (a lapsed lease), and a
+        // new write on a refused command's keys would then commit before it, though the
+        // command was answered first. Waiting until they apply is the simple way to know.
+        let mut all_applied = true;
+        for w in waits {
+            all_applied &= matches!(w.await, Ok(Ok(_)));
+        }
+        if !all_applied {
+            tokio::time::sleep(node.config.heartbeat_interval).await;
             continue;
         }
-        let command = super::Command { id: cmd.id, first_incomplete: 0, kind: cmd.kind, body: cmd.body.clone() };
-        let Ok(req) = command.to_request() else { continue };
-        match node.front.submit(&node.raft, &node.sm, req, None, true).await {
-            Ok(s) => waits.push(s.applied),
-            // Raft stopped: leadership is over; the next leader recovers again.
-            Err(_) => return,
+        if reproposed > 0 {
+            eprintln!(
+                "keel: member {:x} leads term {term}: re-proposed {reproposed} commands from the witnesses",
+                node.id
+            );
         }
-        reproposed += 1;
-    }
-    if reproposed > 0 {
-        eprintln!("keel: member {:x} leads term {term}: re-proposed {reproposed} commands from the witnesses", node.id);
+        break;
     }
     // Step 5.
     node.front.open(term);
-    // Step 6: only once they are committed and applied.
-    for w in waits {
-        match w.await {
-            Ok(Ok(_)) => {}
-            _ => return,
-        }
-    }
+    // Step 6: the re-proposals have applied (no later leader needs them from the witnesses).
     node.witness.drop_below(term);
     let others: Vec<u64> = node.voters().into_iter().filter(|id| *id != node.id).collect();
     let req = PeerRequest::CurpDropBelow { term };
