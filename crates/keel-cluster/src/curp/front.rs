@@ -180,7 +180,7 @@ impl Front {
         let (responder, rx) = ProgressResponder::complete_only();
         if let Err(e) = raft.client_write_ff(req, Some(responder)).await {
             if let Some(id) = speculated_id {
-                self.forget_append(id, n);
+                forget_append(&self.appends, id, n);
             }
             return Err(NodeError::Other(e.to_string()));
         }
@@ -204,22 +204,12 @@ impl Front {
             pending.lock().remove(&n);
             // Refused (or applied without being seen appended in this term): no early answer.
             if let Some(id) = speculated_id {
-                let mut a = appends.lock();
-                if a.get(&id).is_some_and(|(_, m, _)| *m == n) {
-                    a.remove(&id);
-                }
+                forget_append(&appends, id, n);
             }
             done_tx.send_replace(true);
             let _ = tx.send(result);
         });
         Ok(Submitted { speculative, appended, applied })
-    }
-
-    fn forget_append(&self, id: CommandId, n: u64) {
-        let mut a = self.appends.lock();
-        if a.get(&id).is_some_and(|(_, m, _)| *m == n) {
-            a.remove(&id);
-        }
     }
 
     /// Waits until every write answered speculatively before now that conflicts with `read`
@@ -239,5 +229,14 @@ impl Front {
             }
         };
         tokio::time::timeout(timeout, all).await.is_ok()
+    }
+}
+
+/// Drops proposal `n`'s wait for `id` to be appended (its receiver then fails), unless a later
+/// proposal of the same id has replaced it.
+fn forget_append(appends: &Mutex<HashMap<CommandId, AppendWait>>, id: CommandId, n: u64) {
+    let mut a = appends.lock();
+    if a.get(&id).is_some_and(|(_, m, _)| *m == n) {
+        a.remove(&id);
     }
 }

@@ -289,6 +289,12 @@ impl Witness {
 
     fn retain(&self, keep: impl Fn(&Pooled) -> bool) {
         let mut p = self.pool.lock();
+        self.retain_in(&mut p, keep);
+    }
+
+    /// Keeps the entries of `p` that `keep` accepts, and queues the others' removal from the
+    /// store (under the pool's lock, so after their rows).
+    fn retain_in(&self, p: &mut Pool, keep: impl Fn(&Pooled) -> bool) {
         let mut gone = Vec::new();
         p.entries.retain(|(e, _)| {
             let k = keep(e);
@@ -310,18 +316,7 @@ impl Witness {
         }
         let set: std::collections::HashSet<&CommandId> = ids.iter().collect();
         let mut p = self.pool.lock();
-        let mut gone = Vec::new();
-        p.entries.retain(|(e, _)| {
-            let k = !set.contains(&e.id);
-            if !k {
-                gone.push(e.arrival);
-            }
-            k
-        });
-        p.bytes = p.entries.iter().map(|(e, _)| e.body.len()).sum();
-        if let Some(j) = &self.journal {
-            j.remove(gone);
-        }
+        self.retain_in(&mut p, |e| !set.contains(&e.id));
         for id in ids {
             if p.recent.insert(*id) {
                 p.recent_order.push_back(*id);
