@@ -52,6 +52,38 @@ async fn all_applied(servers: &[Option<Server>], rev: i64) {
     }
 }
 
+/// Writes a key through `client`, waits until it has applied on every member, and returns the
+/// leader: a test about to cut links starts from members that agree.
+async fn warm_up(client: &CurpClient, servers: &[Option<Server>]) -> u64 {
+    let warm = client.put(&put("warm", "up")).await.unwrap();
+    let leader = common::wait_leader(servers, 20).await;
+    let warm = PbPutResponse::decode(client.synced(warm.id).await.unwrap().as_slice()).unwrap();
+    all_applied(servers, warm.header.unwrap().revision).await;
+    leader
+}
+
+/// Cuts (or restores) both directions between `member` and each other member of `ids`: only
+/// this test's links, since the other tests of this binary run beside it.
+fn isolate(member: u64, ids: &[u64], cut: bool) {
+    for other in ids.iter().filter(|i| **i != member) {
+        faults::set_cut(member, *other, cut);
+        faults::set_cut(*other, member, cut);
+    }
+}
+
+/// Reads `key` until it exists (at most 30 s), or fails with `lost`.
+async fn read_until_found(etcd: &mut etcd_client::Client, key: &str, lost: &str) -> etcd_client::KeyValue {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match etcd.get(key, None).await {
+            Ok(r) if !r.kvs().is_empty() => return r.kvs()[0].clone(),
+            _ => {}
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{lost}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn put(k: &str, v: &str) -> PbPutRequest {
     PbPutRequest { key: k.into(), value: v.into(), ..Default::default() }
 }
@@ -193,15 +225,9 @@ async fn a_fast_write_survives_its_leader_dying_before_commit() {
     let ports = (24350, 24360);
     let mut servers = cluster(dir.path(), &ip, ports).await;
     let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap();
-    let warm = client.put(&put("warm", "up")).await.unwrap();
-    let leader = common::wait_leader(&servers, 20).await;
-    let warm = PbPutResponse::decode(client.synced(warm.id).await.unwrap().as_slice()).unwrap();
-    all_applied(&servers, warm.header.unwrap().revision).await;
+    let leader = warm_up(&client, &servers).await;
     let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
-    for other in ids.iter().filter(|i| **i != leader) {
-        faults::set_cut(leader, *other, true);
-        faults::set_cut(*other, leader, true);
-    }
+    isolate(leader, &ids, true);
     let answer = client.put(&put("survivor", "fast")).await.unwrap();
     assert!(answer.fast, "the write must have completed on the fast path for this test to mean anything");
     let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == leader)).unwrap();
@@ -217,22 +243,10 @@ async fn a_fast_write_survives_its_leader_dying_before_commit() {
         others[0]
     });
     servers[at].take().unwrap().stop().await;
-    // Only this test's links: the other tests of this binary run beside it.
-    for other in ids.iter().filter(|i| **i != leader) {
-        faults::set_cut(leader, *other, false);
-        faults::set_cut(*other, leader, false);
-    }
+    isolate(leader, &ids, false);
     let survivors: Vec<String> = (0..3).filter(|i| *i != at).map(|i| urls(&ip, ports)[i].clone()).collect();
     let mut etcd = etcd_client::Client::connect(survivors, None).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let found = loop {
-        match etcd.get("survivor", None).await {
-            Ok(r) if !r.kvs().is_empty() => break r.kvs()[0].clone(),
-            _ => {}
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the fast write was lost with its leader");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let found = read_until_found(&mut etcd, "survivor", "the fast write was lost with its leader").await;
     assert_eq!(found.value(), b"fast");
     assert_eq!(found.version(), 1, "applied once");
     // The restarted old leader catches up to the same state.
@@ -267,9 +281,17 @@ async fn weak_sessions_read_their_writes_and_outlive_their_replica() {
         let r = client.weak_get(format!("w{i}").as_bytes()).await.unwrap();
         assert_eq!(r.value.map(|v| v.0), Some(format!("v{i}").into_bytes()), "w{i} right after its weak write");
     }
-    assert!(client.weak_pending() <= 10);
+    // One more weak write, not read back: the reads above may have seen every earlier one
+    // applied, and a session with nothing pending rightly takes the fast path. Only the
+    // session's own calls change what it holds pending, so the count sampled here is the one
+    // the strong write starts from.
+    client.weak_put(&put("w-last", "v")).await.unwrap();
+    let pending = client.weak_pending();
+    assert!(pending <= 11);
     let a = client.put(&put("w0", "strong")).await.unwrap();
-    assert!(!a.fast, "a strong write after unapplied weak writes takes the slow path");
+    if pending > 0 {
+        assert!(!a.fast, "a strong write after {pending} unapplied weak writes takes the slow path");
+    }
     assert_eq!(client.weak_pending(), 0, "the strong write waited for the weak ones");
     let (value, _, w0_rev) = get(&mut etcd, "w0").await.unwrap();
     assert_eq!(value, "strong");
@@ -365,11 +387,7 @@ async fn weak_queues_are_bounded_and_drain_after_a_partition() {
     let follower_at = small.members().iter().position(|id| *id != leader).unwrap();
     let follower = small.members()[follower_at];
     small.bind(follower_at);
-    let others: Vec<u64> = small.members().into_iter().filter(|id| *id != follower).collect();
-    for o in &others {
-        faults::set_cut(follower, *o, true);
-        faults::set_cut(*o, follower, true);
-    }
+    isolate(follower, &small.members(), true);
     for i in 0..keel_cluster::curp::weak::MAX_QUEUED {
         small.weak_put(&put(&format!("q{i}"), "v")).await.unwrap();
     }
@@ -397,10 +415,7 @@ async fn weak_queues_are_bounded_and_drain_after_a_partition() {
     assert!(refused.to_string().contains("KiB of weak writes"), "{refused}");
     assert!((30..=34).contains(&accepted), "{accepted} writes of 60 KiB accepted before the 2 MiB bound");
 
-    for o in &others {
-        faults::set_cut(follower, *o, false);
-        faults::set_cut(*o, follower, false);
-    }
+    isolate(follower, &small.members(), false);
     // A session's queue drains one commit per write (its writes are forwarded one after
     // another): allow a while for a thousand.
     for c in std::iter::once(&small).chain(&big) {
@@ -457,15 +472,9 @@ async fn a_fast_write_survives_every_member_losing_power() {
         servers.push(Some(common::start_retrying(config(i), 20).await));
     }
     let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap();
-    let warm = client.put(&put("warm", "up")).await.unwrap();
-    let leader = common::wait_leader(&servers, 20).await;
-    let warm = PbPutResponse::decode(client.synced(warm.id).await.unwrap().as_slice()).unwrap();
-    all_applied(&servers, warm.header.unwrap().revision).await;
+    let leader = warm_up(&client, &servers).await;
     let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
-    for other in ids.iter().filter(|i| **i != leader) {
-        faults::set_cut(leader, *other, true);
-        faults::set_cut(*other, leader, true);
-    }
+    isolate(leader, &ids, true);
     let answer = client.put(&put("survivor", "fast")).await.unwrap();
     assert!(answer.fast, "the write must have completed on the fast path for this test to mean anything");
     let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == leader)).unwrap();
@@ -476,25 +485,13 @@ async fn a_fast_write_survives_every_member_losing_power() {
     for s in &mut servers {
         s.take().unwrap().stop().await;
     }
-    // Only this test's links: the other tests of this binary run beside it.
-    for other in ids.iter().filter(|i| **i != leader) {
-        faults::set_cut(leader, *other, false);
-        faults::set_cut(*other, leader, false);
-    }
+    isolate(leader, &ids, false);
     for i in (0..3).filter(|i| *i != at) {
         servers[i] = Some(common::start_retrying(config(i), 20).await);
     }
     let survivors: Vec<String> = (0..3).filter(|i| *i != at).map(|i| urls(&ip, ports)[i].clone()).collect();
     let mut etcd = etcd_client::Client::connect(survivors, None).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let found = loop {
-        match etcd.get("survivor", None).await {
-            Ok(r) if !r.kvs().is_empty() => break r.kvs()[0].clone(),
-            _ => {}
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the fast write was lost when every member lost power");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let found = read_until_found(&mut etcd, "survivor", "the fast write was lost when every member lost power").await;
     assert_eq!(found.value(), b"fast");
     assert_eq!(found.version(), 1, "applied once");
     servers[at] = Some(common::start_retrying(config(at), 20).await);
@@ -519,10 +516,7 @@ async fn a_leader_whose_lease_lapsed_never_answers_early() {
     let ports = (24470, 24480);
     let servers = cluster(dir.path(), &ip, ports).await;
     let client = CurpClient::connect(&urls(&ip, ports), Duration::from_secs(20)).await.unwrap();
-    let warm = client.put(&put("warm", "up")).await.unwrap();
-    let leader = common::wait_leader(&servers, 20).await;
-    let warm = PbPutResponse::decode(client.synced(warm.id).await.unwrap().as_slice()).unwrap();
-    all_applied(&servers, warm.header.unwrap().revision).await;
+    let leader = warm_up(&client, &servers).await;
     let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
     let followers: Vec<u64> = ids.iter().copied().filter(|i| *i != leader).collect();
     // Drop every answer and message from the followers to the leader, not the other way: the
