@@ -333,6 +333,82 @@ pub(crate) fn decode_footer(footer: &[u8], ts: u64, at: u64) -> std::result::Res
     })
 }
 
+/// One record of a checkpoint block.
+enum Record<'a> {
+    Table { id: u32, name: &'a str },
+    Entry { table: u32, key: &'a [u8], value: &'a [u8] },
+}
+
+/// Decodes the records of one block (at offset `pos`, used in errors) into `f`, checking only
+/// their structure: the caller checks the block's CRC.
+fn decode_records<'a>(
+    pos: u64,
+    block: &'a [u8],
+    mut f: impl FnMut(Record<'a>) -> std::result::Result<(), (u64, String)>,
+) -> std::result::Result<(), (u64, String)> {
+    let mut r = Reader::new(block);
+    while !r.is_empty() {
+        let bad = |e: crate::codec::DecodeError| (pos, format!("bad record in block: {e}"));
+        match r.u8("record tag").map_err(bad)? {
+            REC_TABLE => {
+                let id = r.u32("table id").map_err(bad)?;
+                let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name").map_err(bad)?;
+                let name = std::str::from_utf8(raw).map_err(|_| (pos, "table name is not UTF-8".to_owned()))?;
+                f(Record::Table { id, name })?;
+            }
+            REC_ENTRY => {
+                let table = r.u32("table id").map_err(bad)?;
+                let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
+                let value = r.bytes32(MAX_VALUE_BYTES, "value").map_err(bad)?;
+                f(Record::Entry { table, key, value })?;
+            }
+            _ => return Err((pos, "unknown record tag".to_owned())),
+        }
+    }
+    Ok(())
+}
+
+/// Calls `f` with each block's offset, bytes and stored CRC, in order, between the header and
+/// the footer at `footer_at`.
+fn for_each_block(
+    bytes: &[u8],
+    footer_at: usize,
+    mut f: impl FnMut(u64, &[u8], u32) -> std::result::Result<(), (u64, String)>,
+) -> std::result::Result<(), (u64, String)> {
+    let mut pos = HEADER_BYTES;
+    while pos < footer_at {
+        let (Some(len), Some(crc)) = (le_u32(bytes, pos), le_u32(bytes, pos + 4)) else {
+            return Err((pos as u64, "truncated block header".to_owned()));
+        };
+        let len = len as usize;
+        if len > BLOCK_MAX_BYTES || pos + BLOCK_HEADER_BYTES + len > footer_at {
+            return Err((pos as u64, "block length runs past the footer".to_owned()));
+        }
+        let block = bytes.get(pos + BLOCK_HEADER_BYTES..pos + BLOCK_HEADER_BYTES + len).unwrap_or_default();
+        f(pos as u64, block, crc)?;
+        pos += BLOCK_HEADER_BYTES + len;
+    }
+    Ok(())
+}
+
+/// Delivers a checkpoint's records to `sink` checking their structure only: no CRC, no
+/// digest, no counts. For a reader that builds while [`read_checkpoint`] verifies the same
+/// bytes on another thread, and keeps what it built only if that verification passes.
+pub(crate) fn decode_unverified(bytes: &[u8], sink: &mut dyn CheckpointSink) -> std::result::Result<(), (u64, String)> {
+    if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
+        return Err((0, "file shorter than header and footer".to_owned()));
+    }
+    for_each_block(bytes, bytes.len() - FOOTER_BYTES, |pos, block, _crc| {
+        decode_records(pos, block, |record| {
+            match record {
+                Record::Table { id, name } => sink.table(id, name),
+                Record::Entry { table, key, value } => sink.entry(table, key, value),
+            }
+            Ok(())
+        })
+    })
+}
+
 /// Decodes blocks in order, each only after its CRC matched, and keeps the counts and the
 /// digest the footer must agree with. Shared by the file reader and the stream reader.
 #[derive(Debug, Default)]
@@ -358,34 +434,26 @@ impl BlockDecoder {
         if crc32c::crc32c(block) != crc {
             return fail("block checksum mismatch");
         }
-        let mut r = Reader::new(block);
-        while !r.is_empty() {
-            let bad = |e: crate::codec::DecodeError| (pos, format!("bad record in block: {e}"));
-            match r.u8("record tag").map_err(bad)? {
-                REC_TABLE => {
-                    let id = r.u32("table id").map_err(bad)?;
-                    let raw = r.bytes32(MAX_TABLE_NAME_BYTES, "table name").map_err(bad)?;
-                    let name = std::str::from_utf8(raw).map_err(|_| (pos, "table name is not UTF-8".to_owned()))?;
+        decode_records(pos, block, |record| {
+            match record {
+                Record::Table { id, name } => {
                     if name.is_empty() || self.names.insert(id, name.to_owned()).is_some() {
                         return fail("duplicate or empty table record");
                     }
                     sink.table(id, name);
                     self.tables += 1;
                 }
-                REC_ENTRY => {
-                    let id = r.u32("table id").map_err(bad)?;
-                    let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
-                    let value = r.bytes32(MAX_VALUE_BYTES, "value").map_err(bad)?;
-                    let Some(name) = self.names.get(&id) else {
+                Record::Entry { table, key, value } => {
+                    let Some(name) = self.names.get(&table) else {
                         return fail("entry for an unknown table");
                     };
                     self.digest.add(name, key, value);
-                    sink.entry(id, key, value);
+                    sink.entry(table, key, value);
                     self.entries += 1;
                 }
-                _ => return fail("unknown record tag"),
             }
-        }
+            Ok(())
+        })?;
         self.blocks += 1;
         Ok(())
     }
@@ -416,20 +484,8 @@ pub(crate) fn read_checkpoint(
     let Header { ts, next_table_id, applied } = decode_header(bytes)?;
     let footer_at = bytes.len() - FOOTER_BYTES;
     let footer = decode_footer(bytes.get(footer_at..).unwrap_or_default(), ts, footer_at as u64)?;
-    let mut pos = HEADER_BYTES;
     let mut decoder = BlockDecoder::default();
-    while pos < footer_at {
-        let (Some(len), Some(crc)) = (le_u32(bytes, pos), le_u32(bytes, pos + 4)) else {
-            return fail(pos, "truncated block header");
-        };
-        let len = len as usize;
-        if len > BLOCK_MAX_BYTES || pos + BLOCK_HEADER_BYTES + len > footer_at {
-            return fail(pos, "block length runs past the footer");
-        }
-        let block = bytes.get(pos + BLOCK_HEADER_BYTES..pos + BLOCK_HEADER_BYTES + len).unwrap_or_default();
-        decoder.block(pos as u64, block, crc, sink)?;
-        pos += BLOCK_HEADER_BYTES + len;
-    }
+    for_each_block(bytes, footer_at, |pos, block, crc| decoder.block(pos, block, crc, sink))?;
     let digest = decoder.check(&footer, footer_at as u64)?;
     Ok(CheckpointSummary { ts, next_table_id, entries: decoder.entries, digest, applied })
 }

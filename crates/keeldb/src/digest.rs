@@ -17,13 +17,27 @@ pub struct StateDigest(pub u128);
 impl StateDigest {
     /// The hash of one entry.
     pub fn entry_hash(table: &str, key: &[u8], value: &[u8]) -> u128 {
-        let mut buf = Vec::with_capacity(12 + table.len() + key.len() + value.len());
-        buf.extend_from_slice(&(table.len() as u32).to_le_bytes());
-        buf.extend_from_slice(table.as_bytes());
-        buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        buf.extend_from_slice(key);
-        buf.extend_from_slice(value);
-        xxh3_128_with_seed(&buf, SEED)
+        let len = 8 + table.len() + key.len() + value.len();
+        let mut heap = Vec::new();
+        let mut stack = [0u8; 384];
+        // Small entries (most) are laid out on the stack: no allocation per entry hashed.
+        let buf: &mut [u8] = match stack.get_mut(..len) {
+            Some(b) => b,
+            None => {
+                heap.resize(len, 0);
+                &mut heap
+            }
+        };
+        let mut at = 0;
+        for part in
+            [&(table.len() as u32).to_le_bytes()[..], table.as_bytes(), &(key.len() as u32).to_le_bytes(), key, value]
+        {
+            if let Some(dst) = buf.get_mut(at..at + part.len()) {
+                dst.copy_from_slice(part);
+            }
+            at += part.len();
+        }
+        xxh3_128_with_seed(buf, SEED)
     }
 
     /// Adds an entry.
@@ -72,6 +86,26 @@ mod tests {
         // ("ab", "c") and ("a", "bc") must not hash alike.
         assert_ne!(StateDigest::entry_hash("t", b"ab", b"c"), StateDigest::entry_hash("t", b"a", b"bc"));
         assert_ne!(StateDigest::entry_hash("tk", b"", b"v"), StateDigest::entry_hash("t", b"k", b"v"));
+    }
+
+    #[test]
+    fn entries_hash_their_documented_layout_on_stack_or_heap() {
+        // The digest is on disk (checkpoint footers, close markers): the layout is
+        // len(table) table len(key) key value, little-endian u32 lengths, for any size.
+        for value_len in [0, 100, 360, 376, 377, 1_000, 70_000] {
+            let value: Vec<u8> = (0..value_len).map(|i| (i * 7) as u8).collect();
+            let mut layout = Vec::new();
+            layout.extend_from_slice(&5u32.to_le_bytes());
+            layout.extend_from_slice(b"table");
+            layout.extend_from_slice(&3u32.to_le_bytes());
+            layout.extend_from_slice(b"key");
+            layout.extend_from_slice(&value);
+            assert_eq!(
+                StateDigest::entry_hash("table", b"key", &value),
+                xxh3_128_with_seed(&layout, SEED),
+                "{value_len}"
+            );
+        }
     }
 
     #[test]

@@ -101,6 +101,16 @@ pub fn read_exact_at(file: &dyn FileHandle, mut buf: &mut [u8], mut offset: u64)
     Ok(())
 }
 
+/// Reads a whole file into `buf`, replacing what it held. Reusing one buffer for many files
+/// (recovery's WAL segments) spares a fresh allocation, and its page faults, per file.
+pub fn read_all_into(file: &dyn FileHandle, buf: &mut Vec<u8>) -> io::Result<()> {
+    let len = file.len()?;
+    let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
+    buf.clear();
+    buf.resize(len, 0);
+    read_exact_at(file, buf, 0)
+}
+
 /// Reads a whole file into memory.
 pub fn read_all(file: &dyn FileHandle) -> io::Result<Vec<u8>> {
     let len = file.len()?;

@@ -221,6 +221,9 @@ pub(crate) struct TableData {
     /// Lowest `gc_due_at` of keys queued or changed by writes since the current or last pass
     /// began (0: unknown).
     gc_written_min: u64,
+    /// While recovery replays the log: keys inserted since [`TableData::defer_order`], not yet
+    /// in `order` (some may have been removed again). `None` outside recovery.
+    order_pending: Option<Vec<Key>>,
     /// Live (non-tombstone head) keys and their key+value bytes, at the newest applied version.
     live_keys: u64,
     live_bytes: u64,
@@ -329,6 +332,32 @@ impl TableData {
         self.order.remove(key);
     }
 
+    /// Stops keeping the ordered set in step with inserts until [`TableData::finish_order`]:
+    /// recovery replays many inserts in random key order, and one sort at the end costs far
+    /// less than a tree descent per key. Scans are wrong until then; recovery runs none.
+    pub fn defer_order(&mut self) {
+        self.order_pending.get_or_insert_with(Vec::new);
+    }
+
+    /// Brings the ordered set back in step: exactly the keys the hash index holds.
+    pub fn finish_order(&mut self) {
+        let Some(mut pending) = self.order_pending.take() else { return };
+        if pending.is_empty() {
+            return;
+        }
+        // A key inserted, removed and inserted again is listed twice; a removed one is gone.
+        pending.retain(|k| self.slot_of(k.as_slice()).is_some());
+        pending.sort_unstable();
+        pending.dedup();
+        if pending.len() < self.order.len() / 16 {
+            self.order.extend(pending);
+        } else {
+            // Two sorted runs: `BTreeSet` merges them and builds full nodes bottom up.
+            let old = std::mem::take(&mut self.order);
+            self.order = old.into_iter().chain(pending).collect();
+        }
+    }
+
     pub fn get(&self, key: &[u8], snapshot: u64) -> Option<Vec<u8>> {
         let head = self.find(key)?;
         head.visible(snapshot)?.value.as_deref().map(<[u8]>::to_vec)
@@ -412,7 +441,12 @@ impl TableData {
                 if value.is_none() {
                     return; // Deleting an absent key changes nothing.
                 }
-                self.order.insert(Key::new(key));
+                match &mut self.order_pending {
+                    Some(pending) => pending.push(Key::new(key)),
+                    None => {
+                        self.order.insert(Key::new(key));
+                    }
+                }
                 self.insert_new(key, Version { ts, value: value.map(Into::into), older: None });
             }
         }
@@ -512,6 +546,63 @@ impl TableData {
     }
 }
 
+/// Builds a table from entries in strictly ascending key order, the order a checkpoint holds
+/// them in, every version at timestamp 0. Ascending keys are distinct, so each one is new: no
+/// lookup per key, the hash table and the slab are sized once, and the ordered set is built in
+/// one pass from the sorted keys at the end instead of by one tree descent per key.
+#[derive(Debug)]
+pub(crate) struct SortedLoad {
+    data: TableData,
+    keys: Vec<Key>,
+}
+
+/// A key that was not above the one loaded before it.
+#[derive(Debug)]
+pub(crate) struct OutOfOrder;
+
+impl SortedLoad {
+    /// A load of about `entries` entries (a hint: more are accepted).
+    pub fn with_capacity(entries: usize) -> SortedLoad {
+        let mut data = TableData::default();
+        data.slots.reserve_exact(entries);
+        data.index.reserve(entries, |_| 0);
+        SortedLoad { data, keys: Vec::with_capacity(entries) }
+    }
+
+    /// Adds `key` with `value`. Refuses, adding nothing, a key not above the previous one.
+    pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), OutOfOrder> {
+        if self.keys.last().is_some_and(|last| last.as_slice() >= key) {
+            return Err(OutOfOrder);
+        }
+        let k = Key::new(key);
+        let data = &mut self.data;
+        let hash = data.hash(key);
+        data.slots.push(Slot {
+            key: k.clone(),
+            head: Version { ts: 0, value: Some(value.into()), older: None },
+            gc: GcState::new(),
+        });
+        let n = (data.slots.len() - 1) as u32;
+        let (slots, hasher) = (&data.slots, &data.hasher);
+        data.index.insert_unique(hash, n, |&i| {
+            use std::hash::BuildHasher;
+            slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()))
+        });
+        self.keys.push(k);
+        data.live_keys += 1;
+        data.live_bytes += (key.len() + value.len()) as u64;
+        Ok(())
+    }
+
+    /// The table: the same as applying every pushed entry at timestamp 0 to an empty one.
+    pub fn finish(self) -> TableData {
+        let SortedLoad { mut data, keys } = self;
+        // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
+        data.order = keys.into_iter().collect();
+        data
+    }
+}
+
 /// A table: an id, a name and its data, with the commit timestamps that created and dropped it.
 #[derive(Debug)]
 pub(crate) struct Table {
@@ -602,6 +693,95 @@ mod tests {
     fn apply(t: &mut TableData, key: &[u8], value: Option<&[u8]>, ts: u64, horizon: u64) {
         let mut d = StateDigest::default();
         t.apply("t", key, value, ts, horizon, &mut d);
+    }
+
+    #[test]
+    fn a_sorted_load_equals_applying_the_same_entries() {
+        let keys: Vec<Vec<u8>> = (0..2_000u32)
+            .map(|i| if i % 3 == 0 { format!("key-long-enough-for-the-heap-{i:06}") } else { format!("k{i:06}") })
+            .map(String::into_bytes)
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let mut load = SortedLoad::with_capacity(10); // a low hint: the load grows past it
+        let mut applied = TableData::default();
+        for (i, k) in sorted.iter().enumerate() {
+            let value = vec![i as u8; i % 50];
+            load.push(k, &value).unwrap();
+            apply(&mut applied, k, Some(&value), 0, 0);
+        }
+        // A key not above the last one is refused and changes nothing.
+        assert!(load.push(sorted.last().unwrap(), b"x").is_err());
+        assert!(load.push(b"", b"x").is_err());
+        let loaded = load.finish();
+        assert_eq!((loaded.live_keys(), loaded.live_bytes()), (applied.live_keys(), applied.live_bytes()));
+        for k in &keys {
+            assert_eq!(loaded.get(k, 0), applied.get(k, 0));
+        }
+        assert_eq!(loaded.get(b"absent", 0), None);
+        let all = KeyRange { start: Bound::Unbounded, end: Bound::Unbounded };
+        for reverse in [false, true] {
+            assert_eq!(
+                loaded.scan_chunk(&all, reverse, 0, usize::MAX),
+                applied.scan_chunk(&all, reverse, 0, usize::MAX)
+            );
+        }
+        // Later writes behave as on any table.
+        let mut loaded = loaded;
+        apply(&mut loaded, &sorted[5], None, 1, 1);
+        apply(&mut loaded, b"new", Some(b"v"), 2, 2);
+        assert_eq!(loaded.get(&sorted[5], 2), None);
+        assert_eq!(loaded.get(b"new", 2).as_deref(), Some(&b"v"[..]));
+        assert_eq!(loaded.live_keys(), applied.live_keys());
+    }
+
+    #[test]
+    fn a_deferred_ordered_set_ends_up_as_if_kept_in_step() {
+        // Before deferring: none, a few, or many keys already in order (a checkpoint); then
+        // few or many inserts in random order, with deletes and re-inserts among them.
+        for (before, replayed) in [(0u64, 3_000u64), (2_000, 50), (2_000, 3_000), (0, 0)] {
+            let mut kept = TableData::default();
+            let mut deferred = TableData::default();
+            let mut ts = 0;
+            let op = |t: &mut TableData, key: &[u8], value: Option<&[u8]>, ts: u64| apply(t, key, value, ts, ts);
+            for i in 0..before {
+                ts += 1;
+                op(&mut kept, format!("c{i:05}").as_bytes(), Some(b"v"), ts);
+                op(&mut deferred, format!("c{i:05}").as_bytes(), Some(b"v"), ts);
+            }
+            deferred.defer_order();
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            for _ in 0..replayed {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key =
+                    if x.is_multiple_of(2) { format!("c{:05}", x % (before + 1)) } else { format!("r{:05}", x % 997) };
+                let value: Option<&[u8]> = if x.is_multiple_of(5) { None } else { Some(b"w") };
+                ts += 1;
+                op(&mut kept, key.as_bytes(), value, ts);
+                op(&mut deferred, key.as_bytes(), value, ts);
+                if x.is_multiple_of(7) {
+                    // A key removed from the index altogether, as the collector does.
+                    kept.remove(key.as_bytes());
+                    deferred.remove(key.as_bytes());
+                }
+            }
+            deferred.finish_order();
+            let all = KeyRange { start: Bound::Unbounded, end: Bound::Unbounded };
+            for reverse in [false, true] {
+                assert_eq!(
+                    deferred.scan_chunk(&all, reverse, ts, usize::MAX),
+                    kept.scan_chunk(&all, reverse, ts, usize::MAX),
+                    "{before} then {replayed}"
+                );
+            }
+            let keys = |t: &TableData| t.order.iter().map(|k| k.as_slice().to_vec()).collect::<Vec<_>>();
+            assert_eq!(keys(&deferred), keys(&kept), "{before} then {replayed}");
+            // And it stays in step afterwards.
+            op(&mut deferred, b"zz-after", Some(b"v"), ts + 1);
+            assert!(deferred.order.contains(&b"zz-after"[..]));
+        }
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! Profiling driver for the mvcc suite's large table: N keys (16-byte, hashed prefix) with
+//! 100-byte values loaded in relaxed transactions of 10,000, resident bytes per key, then R
+//! point reads in a pseudo-random order from one snapshot.
+//! Usage: large_read N R
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use keeldb::{Database, Durability, Options};
+use std::hint::black_box;
+
+fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn key16(i: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&mix64(i).to_be_bytes());
+    key[8..].copy_from_slice(&i.to_be_bytes());
+    key
+}
+
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let n: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let reads: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::open(dir.path().join("s"), Options::with_durability(Durability::Relaxed)).unwrap();
+    let value = [42u8; 100];
+    let before = rss();
+    let t = std::time::Instant::now();
+    let mut next = 0;
+    while next < n {
+        let end = (next + 10_000).min(n);
+        let mut tx = db.begin_write().unwrap();
+        for i in next..end {
+            tx.put("large", &key16(i), &value).unwrap();
+        }
+        tx.commit().unwrap();
+        next = end;
+    }
+    let load = t.elapsed();
+    let after = rss();
+    let rx = db.begin_read().unwrap();
+    let mut state = 0xbeadu64;
+    let mut found = 0u64;
+    let t = std::time::Instant::now();
+    for _ in 0..reads {
+        state = state.wrapping_add(1);
+        if black_box(rx.get("large", &key16(mix64(state) % n)).unwrap()).is_some() {
+            found += 1;
+        }
+    }
+    let read = t.elapsed();
+    assert_eq!(found, reads);
+    println!(
+        "{n} keys loaded in {:.2} s ({:.0} keys/s); {:.0} resident bytes/key; {:.0} ns/read",
+        load.as_secs_f64(),
+        n as f64 / load.as_secs_f64(),
+        (after - before) as f64 / n as f64,
+        read.as_nanos() as f64 / reads as f64
+    );
+    let huge = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    if let Some(l) = huge.lines().find(|l| l.starts_with("AnonHugePages:")) {
+        println!("{l}");
+    }
+    drop(rx);
+    db.close().unwrap();
+}

@@ -1,0 +1,64 @@
+//! Profiling driver for reopen: N keys (16-byte, hashed prefix, 100-byte values) loaded in
+//! transactions of 10,000 into DIR, then exits without closing (`load`); a timed reopen that
+//! replays the WAL, then checkpoints and closes (`wal`); a timed reopen from that checkpoint
+//! (`checkpoint`, repeatable).
+//! Usage: reopen N DIR load|wal|checkpoint
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use keeldb::{Database, Durability, Options, TxnOptions};
+
+fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn key16(i: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&mix64(i).to_be_bytes());
+    key[8..].copy_from_slice(&i.to_be_bytes());
+    key
+}
+
+fn timed_open(dir: &std::path::Path) -> (Database, f64) {
+    let t = std::time::Instant::now();
+    let db = Database::open(dir, Options::with_durability(Durability::Relaxed)).unwrap();
+    (db, t.elapsed().as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let n: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let dir = std::path::PathBuf::from(args.get(2).expect("usage: reopen N DIR PHASE"));
+    match args.get(3).map(String::as_str) {
+        Some("load") => {
+            let db = Database::open(&dir, Options::with_durability(Durability::Relaxed)).unwrap();
+            let value = [42u8; 100];
+            let mut next = 0;
+            while next < n {
+                let end = (next + 10_000).min(n);
+                let mut tx = db
+                    .begin_write_with(TxnOptions { durability: Some(Durability::Sync), ..TxnOptions::default() })
+                    .unwrap();
+                for i in next..end {
+                    tx.put("large", &key16(i), &value).unwrap();
+                }
+                tx.commit().unwrap();
+                next = end;
+            }
+            std::process::exit(0); // like a kill: no close, no checkpoint
+        }
+        Some("wal") => {
+            let (db, ms) = timed_open(&dir);
+            println!("{n} keys: reopen from the WAL {ms:.0} ms ({} frames)", db.recovery_report().frames_replayed);
+            db.checkpoint().unwrap();
+            db.close().unwrap();
+        }
+        Some("checkpoint") => {
+            let (_db, ms) = timed_open(&dir);
+            println!("{n} keys: reopen from the checkpoint {ms:.0} ms");
+            std::process::exit(0);
+        }
+        _ => panic!("PHASE is load, wal or checkpoint"),
+    }
+}
