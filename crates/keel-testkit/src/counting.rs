@@ -67,6 +67,12 @@ impl FileHandle for CountingFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
     }
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.counts.fail_writes.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected write failure"));
+        }
+        self.inner.allocate(offset, len)
+    }
 }
 
 impl FileSystem for CountingFs {

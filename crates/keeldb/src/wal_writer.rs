@@ -130,18 +130,15 @@ impl WalWriter {
         }
         let offset = SEGMENT_HEADER_BYTES + (self.current.end_lsn - self.current.start_lsn);
         let end = offset + frames.len() as u64;
-        if end <= self.allocated {
-            write_all_at(self.file.as_ref(), frames, offset).map_err(|e| Error::io(&self.current.path, e))?;
-        } else {
-            // Past the zeros written so far: the same write carries the next chunk of zeros,
-            // and this batch's fdatasync makes them and the new size durable.
+        if end > self.allocated {
+            // Past the space allocated so far: allocate the next chunk (zeros) first; this
+            // batch's fdatasync makes it and the new size durable with the batch.
             let target = preallocation_target(end, SEGMENT_HEADER_BYTES.saturating_add(self.segment_bytes_max));
-            let mut buf = Vec::with_capacity((target - offset) as usize);
-            buf.extend_from_slice(frames);
-            buf.resize((target - offset) as usize, 0);
-            write_all_at(self.file.as_ref(), &buf, offset).map_err(|e| Error::io(&self.current.path, e))?;
+            let from = self.allocated.max(offset);
+            self.file.allocate(from, target - from).map_err(|e| Error::io(&self.current.path, e))?;
             self.allocated = target;
         }
+        write_all_at(self.file.as_ref(), frames, offset).map_err(|e| Error::io(&self.current.path, e))?;
         self.current.end_lsn += frames.len() as u64;
         self.current.last_ts = last_ts;
         Ok(())
