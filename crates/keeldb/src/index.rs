@@ -548,12 +548,14 @@ impl TableData {
 
 /// Builds a table from entries in strictly ascending key order, the order a checkpoint holds
 /// them in, every version at timestamp 0. Ascending keys are distinct, so each one is new: no
-/// lookup per key, the hash table and the slab are sized once, and the ordered set is built in
-/// one pass from the sorted keys at the end instead of by one tree descent per key.
+/// lookup per key. The slab fills in order; the hash table (sized once) and the ordered set are
+/// built at the end, on two threads: the set in one pass from the already sorted keys, the
+/// table by inserting in the order of the buckets the keys land in, so its memory is written
+/// front to back instead of at a random place per key.
 #[derive(Debug)]
 pub(crate) struct SortedLoad {
     data: TableData,
-    keys: Vec<Key>,
+    hashes: Vec<u64>,
 }
 
 /// A key that was not above the one loaded before it.
@@ -565,41 +567,140 @@ impl SortedLoad {
     pub fn with_capacity(entries: usize) -> SortedLoad {
         let mut data = TableData::default();
         data.slots.reserve_exact(entries);
-        data.index.reserve(entries, |_| 0);
-        SortedLoad { data, keys: Vec::with_capacity(entries) }
+        SortedLoad { data, hashes: Vec::with_capacity(entries) }
     }
 
     /// Adds `key` with `value`. Refuses, adding nothing, a key not above the previous one.
     pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), OutOfOrder> {
-        if self.keys.last().is_some_and(|last| last.as_slice() >= key) {
+        let data = &mut self.data;
+        if data.slots.last().is_some_and(|last| last.key.as_slice() >= key) {
             return Err(OutOfOrder);
         }
-        let k = Key::new(key);
-        let data = &mut self.data;
-        let hash = data.hash(key);
+        self.hashes.push(data.hash(key));
         data.slots.push(Slot {
-            key: k.clone(),
+            key: Key::new(key),
             head: Version { ts: 0, value: Some(value.into()), older: None },
             gc: GcState::new(),
         });
-        let n = (data.slots.len() - 1) as u32;
-        let (slots, hasher) = (&data.slots, &data.hasher);
-        data.index.insert_unique(hash, n, |&i| {
-            use std::hash::BuildHasher;
-            slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()))
-        });
-        self.keys.push(k);
         data.live_keys += 1;
         data.live_bytes += (key.len() + value.len()) as u64;
         Ok(())
     }
 
+    /// Builds the hash table over everything pushed so far (pushing more after this is a bug).
+    pub fn build_index(&mut self) {
+        let TableData { slots, index, hasher, .. } = &mut self.data;
+        fill_index(index, hasher, slots, &self.hashes);
+        self.hashes = Vec::new();
+    }
+
     /// The table: the same as applying every pushed entry at timestamp 0 to an empty one.
-    pub fn finish(self) -> TableData {
-        let SortedLoad { mut data, keys } = self;
-        // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
-        data.order = keys.into_iter().collect();
+    /// `order`, when given, is used if it holds exactly the pushed keys (built elsewhere from
+    /// the same checkpoint); otherwise the ordered set is built here, on a second thread while
+    /// this one builds the hash table if [`SortedLoad::build_index`] has not.
+    pub fn finish(self, order: Option<KeyOrder>) -> TableData {
+        let SortedLoad { mut data, hashes } = self;
+        let TableData { slots, index, hasher, order: ordered_set, .. } = &mut data;
+        let slots = &*slots;
+        let matches = |o: &KeyOrder| o.0.len() == slots.len() && o.0.iter().zip(slots).all(|(k, s)| *k == s.key);
+        if let Some(o) = order.filter(matches) {
+            if index.len() != slots.len() {
+                fill_index(index, hasher, slots, &hashes);
+            }
+            *ordered_set = o.0;
+            return data;
+        }
+        let ordered = |slots: &[Slot]| -> BTreeSet<Key> {
+            // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
+            slots.iter().map(|s| s.key.clone()).collect()
+        };
+        *ordered_set = std::thread::scope(|scope| {
+            let builder =
+                std::thread::Builder::new().name("keeldb-load-order".into()).spawn_scoped(scope, || ordered(slots));
+            if index.len() != slots.len() {
+                fill_index(index, hasher, slots, &hashes);
+            }
+            match builder {
+                Ok(handle) => handle.join().unwrap_or_else(|_| ordered(slots)),
+                Err(_) => ordered(slots),
+            }
+        });
         data
+    }
+}
+
+/// A table's ordered key set, built from keys in ascending order (see [`SortedLoad::finish`]).
+#[derive(Debug, Default)]
+pub(crate) struct KeyOrder(BTreeSet<Key>);
+
+/// Collects keys for a [`KeyOrder`]. Any order gives the right set; ascending is fast.
+#[derive(Debug, Default)]
+pub(crate) struct KeyOrderBuilder(Vec<Key>);
+
+impl KeyOrderBuilder {
+    pub fn push(&mut self, key: &[u8]) {
+        self.0.push(Key::new(key));
+    }
+
+    pub fn finish(self) -> KeyOrder {
+        // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
+        KeyOrder(self.0.into_iter().collect())
+    }
+}
+
+/// Inserts slot `i` under `hashes[i]` for every slot, in the order of the buckets they land
+/// in (hashbrown starts probing at `hash & (buckets - 1)`), so consecutive inserts touch
+/// neighbouring memory. Any order gives the same table; this one is only faster.
+fn fill_index(
+    index: &mut hashbrown::HashTable<u32>,
+    hasher: &foldhash::fast::RandomState,
+    slots: &[Slot],
+    hashes: &[u64],
+) {
+    use std::hash::BuildHasher;
+    let rehash = |&i: &u32| slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()));
+    index.reserve(hashes.len(), rehash);
+    let buckets = (index.capacity() / 7 * 8).next_power_of_two().max(1) as u64;
+    let bits = buckets.trailing_zeros();
+    // (bucket << 32) | slot, sorted by bucket.
+    let mut order: Vec<u64> =
+        hashes.iter().enumerate().map(|(i, h)| ((h & (buckets - 1)) << 32) | (i as u64 & 0xFFFF_FFFF)).collect();
+    radix_sort_high(&mut order, bits);
+    for entry in order {
+        let i = entry as u32;
+        if let Some(&hash) = hashes.get(i as usize) {
+            index.insert_unique(hash, i, rehash);
+        }
+    }
+}
+
+/// Sorts by bits `32..32 + bits` (stable, least significant byte first).
+fn radix_sort_high(values: &mut Vec<u64>, bits: u32) {
+    let mut scratch = vec![0u64; values.len()];
+    let mut shift = 32;
+    while shift < 32 + bits {
+        let mut counts = [0usize; 256];
+        for v in values.iter() {
+            if let Some(c) = counts.get_mut(((v >> shift) & 0xFF) as usize) {
+                *c += 1;
+            }
+        }
+        let mut next = [0usize; 256];
+        let mut at = 0;
+        for (n, c) in next.iter_mut().zip(counts) {
+            *n = at;
+            at += c;
+        }
+        for &v in values.iter() {
+            if let Some(n) = next.get_mut(((v >> shift) & 0xFF) as usize) {
+                if let Some(dst) = scratch.get_mut(*n) {
+                    *dst = v;
+                }
+                *n += 1;
+            }
+        }
+        std::mem::swap(values, &mut scratch);
+        shift += 8;
     }
 }
 
@@ -710,10 +811,23 @@ mod tests {
             load.push(k, &value).unwrap();
             apply(&mut applied, k, Some(&value), 0, 0);
         }
+        // An ordered set built elsewhere is taken only if it holds exactly the loaded keys.
+        let mut short = KeyOrderBuilder::default();
+        for k in sorted.iter().skip(1) {
+            short.push(k);
+        }
+        let mut again = SortedLoad::with_capacity(0);
+        for k in &sorted {
+            again.push(k, b"v").unwrap();
+        }
+        again.build_index();
+        let again = again.finish(Some(short.finish()));
+        assert_eq!(again.order.len(), sorted.len(), "a set missing a key was used");
+        assert!(sorted.iter().all(|k| again.get(k, 0).is_some()));
         // A key not above the last one is refused and changes nothing.
         assert!(load.push(sorted.last().unwrap(), b"x").is_err());
         assert!(load.push(b"", b"x").is_err());
-        let loaded = load.finish();
+        let loaded = load.finish(None);
         assert_eq!((loaded.live_keys(), loaded.live_bytes()), (applied.live_keys(), applied.live_bytes()));
         for k in &keys {
             assert_eq!(loaded.get(k, 0), applied.get(k, 0));
@@ -733,6 +847,26 @@ mod tests {
         assert_eq!(loaded.get(&sorted[5], 2), None);
         assert_eq!(loaded.get(b"new", 2).as_deref(), Some(&b"v"[..]));
         assert_eq!(loaded.live_keys(), applied.live_keys());
+    }
+
+    #[test]
+    fn radix_sort_orders_by_the_high_bits_and_keeps_ties_in_order() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut values: Vec<u64> = (0..5_000u64)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x & 0xF_FFFF) << 32) | i
+            })
+            .collect();
+        let mut expected = values.clone();
+        expected.sort_by_key(|v| v >> 32); // stable: ties keep their order
+        radix_sort_high(&mut values, 20);
+        assert_eq!(values, expected);
+        let mut low_only = vec![(3u64 << 32) | 7, (1 << 32) | 9, 5];
+        radix_sort_high(&mut low_only, 0); // no bits: unchanged
+        assert_eq!(low_only, vec![(3u64 << 32) | 7, (1 << 32) | 9, 5]);
     }
 
     #[test]

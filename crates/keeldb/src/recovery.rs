@@ -16,7 +16,7 @@ use crate::checkpoint::{decode_unverified, parse_checkpoint_name, read_checkpoin
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, read_all_into, write_all_at, FileSystem, OpenMode};
-use crate::index::{Catalog, SortedLoad, Table};
+use crate::index::{Catalog, KeyOrder, KeyOrderBuilder, SortedLoad, Table};
 use crate::wal::{
     self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter,
 };
@@ -221,6 +221,9 @@ impl CheckpointSink for EntryCounts {
 struct BulkLoad {
     state: StateBuilder,
     counts: crate::types::FastMap<u32, usize>,
+    /// Entries of the one table of a single-table checkpoint (from its footer), when there is
+    /// no counting pass.
+    single_table_entries: Option<usize>,
     loads: crate::types::FastMap<u32, SortedLoad>,
     failed: bool,
 }
@@ -232,7 +235,7 @@ impl CheckpointSink for BulkLoad {
             return;
         }
         self.state.table(id, name);
-        let entries = self.counts.get(&id).copied().unwrap_or(0);
+        let entries = self.counts.get(&id).copied().or(self.single_table_entries).unwrap_or(0);
         self.loads.insert(id, SortedLoad::with_capacity(entries));
     }
     fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) {
@@ -246,30 +249,73 @@ impl CheckpointSink for BulkLoad {
     }
 }
 
-/// Builds the state a checkpoint's bytes hold, without verifying them; `None` when they do not
-/// decode as a checkpoint writer's output.
-fn build_unverified(bytes: &[u8]) -> Option<StateBuilder> {
+/// Each table's keys, for its ordered set.
+#[derive(Default)]
+struct OrderSink(crate::types::FastMap<u32, KeyOrderBuilder>);
+
+impl CheckpointSink for OrderSink {
+    fn table(&mut self, id: u32, _name: &str) {
+        self.0.entry(id).or_default();
+    }
+    fn entry(&mut self, table_id: u32, key: &[u8], _value: &[u8]) {
+        self.0.entry(table_id).or_default().push(key);
+    }
+}
+
+/// Decodes a checkpoint's records into [`SortedLoad`]s and builds their hash tables, without
+/// verifying anything; `None` when the bytes do not decode as a checkpoint writer's output.
+fn load_unverified(bytes: &[u8]) -> Option<BulkLoad> {
+    let single_table_entries = checkpoint_footer(bytes).filter(|f| f.tables == 1).map(|f| f.entries as usize);
     let mut counts = EntryCounts::default();
-    decode_unverified(bytes, &mut counts).ok()?;
-    let mut bulk =
-        BulkLoad { state: StateBuilder::default(), counts: counts.0, loads: Default::default(), failed: false };
+    if single_table_entries.is_none() {
+        decode_unverified(bytes, &mut counts).ok()?;
+    }
+    let mut bulk = BulkLoad {
+        state: StateBuilder::default(),
+        counts: counts.0,
+        single_table_entries,
+        loads: Default::default(),
+        failed: false,
+    };
     decode_unverified(bytes, &mut bulk).ok()?;
     if bulk.failed {
         return None;
     }
+    for load in bulk.loads.values_mut() {
+        load.build_index();
+    }
+    Some(bulk)
+}
+
+/// A checkpoint's footer, unverified beyond its own CRC (a size hint only).
+fn checkpoint_footer(bytes: &[u8]) -> Option<crate::checkpoint::Footer> {
+    let header = crate::checkpoint::decode_header(bytes).ok()?;
+    let at = bytes.len().checked_sub(crate::checkpoint::FOOTER_BYTES)?;
+    crate::checkpoint::decode_footer(bytes.get(at..)?, header.ts, at as u64).ok()
+}
+
+/// Builds the state a checkpoint's bytes hold, without verifying them; `None` when they do not
+/// decode as a checkpoint writer's output.
+#[cfg(test)]
+fn build_unverified(bytes: &[u8]) -> Option<StateBuilder> {
+    finish_load(load_unverified(bytes)?, Default::default())
+}
+
+/// Finishes every table of `bulk`, each with its ordered set from `orders` if there is one.
+fn finish_load(bulk: BulkLoad, mut orders: crate::types::FastMap<u32, KeyOrder>) -> Option<StateBuilder> {
     for (id, load) in bulk.loads {
         let table = bulk.state.catalog.by_id(id)?;
-        *table.data.write() = load.finish();
+        *table.data.write() = load.finish(orders.remove(&id));
     }
     Some(bulk.state)
 }
 
 /// Verifies a checkpoint's bytes and builds the state they hold into `state` (empty on entry).
-/// Verification (every block's CRC, the counts, the digest) runs on a second thread while this
-/// one builds the tables from the same bytes in one pass each; what was built is kept only if
-/// verification passes, so the result is exactly [`read_checkpoint`]'s. Falls back to
-/// [`read_checkpoint`] alone when no thread can be started or the records are not in a
-/// checkpoint writer's order.
+/// Two threads share the work over the same bytes: this one builds each table's slab and hash
+/// table; the other verifies (every block's CRC, the counts, the digest) and then builds each
+/// table's ordered set. What was built is kept only if verification passes, so the result is
+/// exactly [`read_checkpoint`]'s. Falls back to [`read_checkpoint`] alone when no thread can be
+/// started or the records are not in a checkpoint writer's order.
 fn load_checkpoint_bytes(
     bytes: &[u8],
     state: &mut StateBuilder,
@@ -279,15 +325,27 @@ fn load_checkpoint_bytes(
         fn table(&mut self, _: u32, _: &str) {}
         fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
     }
+    let verify_then_order = || {
+        let verified = read_checkpoint(bytes, &mut Discard)?;
+        let mut keys = OrderSink::default();
+        // Verified bytes decode; an error here is impossible, and only loses the head start.
+        let orders = match decode_unverified(bytes, &mut keys) {
+            Ok(()) => keys.0.into_iter().map(|(id, k)| (id, k.finish())).collect(),
+            Err(_) => Default::default(),
+        };
+        Ok((verified, orders))
+    };
     let (verified, built) = std::thread::scope(|scope| {
-        let verifier = std::thread::Builder::new()
-            .name("keeldb-checkpoint-verify".into())
-            .spawn_scoped(scope, || read_checkpoint(bytes, &mut Discard));
+        let verifier =
+            std::thread::Builder::new().name("keeldb-checkpoint-verify".into()).spawn_scoped(scope, verify_then_order);
         match verifier {
             Ok(handle) => {
-                let built = build_unverified(bytes);
+                let loaded = load_unverified(bytes);
                 let verified = handle.join().unwrap_or_else(|_| Err((0, "checkpoint verifier panicked".to_owned())));
-                (verified, built)
+                match (verified, loaded) {
+                    (Ok((summary, orders)), Some(bulk)) => (Ok(summary), finish_load(bulk, orders)),
+                    (verified, _) => (verified.map(|(summary, _)| summary), None),
+                }
             }
             Err(_) => (read_checkpoint(bytes, &mut Discard), None),
         }
@@ -787,6 +845,25 @@ mod checkpoint_load_tests {
         assert_eq!(fast.next_table_id, plain.next_table_id);
         assert_eq!(contents(&fast), contents(&plain));
         assert_eq!(contents(&fast).0.iter().map(|(_, e)| e.len()).collect::<Vec<_>>(), vec![3_000, 500]);
+    }
+
+    #[test]
+    fn a_single_table_checkpoint_loads_sized_from_its_footer() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+        let mut w = CheckpointWriter::create(fs, dir.path(), 5, 2, None).unwrap();
+        w.table(1, &Arc::from("only")).unwrap();
+        for i in 0..4_000u32 {
+            w.entry(1, &i.to_be_bytes(), &[3u8; 20]).unwrap();
+        }
+        let bytes = std::fs::read(w.finish().unwrap().0).unwrap();
+        assert_eq!(checkpoint_footer(&bytes).map(|f| (f.tables, f.entries)), Some((1, 4_000)));
+        let mut plain = StateBuilder::default();
+        read_checkpoint(&bytes, &mut plain).unwrap();
+        let mut fast = StateBuilder::default();
+        load_checkpoint_bytes(&bytes, &mut fast).unwrap();
+        assert_eq!(contents(&fast), contents(&plain));
+        assert_eq!(contents(&fast).0.first().map(|(_, e)| e.len()), Some(4_000));
     }
 
     #[test]
