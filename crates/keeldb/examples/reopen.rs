@@ -2,7 +2,9 @@
 //! transactions of 10,000 into DIR, then exits without closing (`load`); a timed reopen that
 //! replays the WAL, then checkpoints and closes (`wal`); a timed reopen from that checkpoint
 //! (`checkpoint`, repeatable).
-//! Usage: reopen N DIR load|wal|checkpoint
+//! `load1` is the recovery suite's fill instead (one put per relaxed commit); `wal-only` times
+//! a reopen from the WAL and leaves the store as it was (repeatable).
+//! Usage: reopen N DIR load|load1|wal|wal-only|checkpoint
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use keeldb::{Database, Durability, Options, TxnOptions};
 
@@ -47,6 +49,22 @@ fn main() {
                 next = end;
             }
             std::process::exit(0); // like a kill: no close, no checkpoint
+        }
+        Some("load1") => {
+            // The recovery suite's fill: one put per relaxed commit, then a kill.
+            let db = Database::open(&dir, Options::with_durability(Durability::Relaxed)).unwrap();
+            let value = [42u8; 100];
+            for i in 0..n {
+                let mut tx = db.begin_write().unwrap();
+                tx.put("large", &key16(i), &value).unwrap();
+                tx.commit().unwrap();
+            }
+            std::process::exit(0);
+        }
+        Some("wal-only") => {
+            let (_db, ms) = timed_open(&dir);
+            println!("{n} keys: reopen from the WAL {ms:.0} ms ({} frames)", _db.recovery_report().frames_replayed);
+            std::process::exit(0);
         }
         Some("wal") => {
             let (db, ms) = timed_open(&dir);
