@@ -341,23 +341,25 @@ fn load_checkpoint_bytes(
         match verifier {
             Ok(handle) => {
                 let loaded = load_unverified(bytes);
-                let verified = handle.join().unwrap_or_else(|_| Err((0, "checkpoint verifier panicked".to_owned())));
-                match (verified, loaded) {
-                    (Ok((summary, orders)), Some(bulk)) => (Ok(summary), finish_load(bulk, orders)),
-                    (verified, _) => (verified.map(|(summary, _)| summary), None),
+                // A verifier that panicked decided nothing: the plain reader below decides.
+                match (handle.join(), loaded) {
+                    (Ok(Ok((summary, orders))), Some(bulk)) => (Some(Ok(summary)), finish_load(bulk, orders)),
+                    (Ok(verified), _) => (Some(verified.map(|(summary, _)| summary)), None),
+                    (Err(_), _) => (None, None),
                 }
             }
-            Err(_) => (read_checkpoint(bytes, &mut Discard), None),
+            Err(_) => (None, None),
         }
     });
-    let summary = verified?;
-    match built {
-        Some(mut b) => {
+    match (verified, built) {
+        (Some(verified), Some(mut b)) => {
+            let summary = verified?;
             b.digest = summary.digest;
             *state = b;
             Ok(summary)
         }
-        None => read_checkpoint(bytes, state),
+        (Some(Err(e)), None) => Err(e),
+        _ => read_checkpoint(bytes, state),
     }
 }
 
