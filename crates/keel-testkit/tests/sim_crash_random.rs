@@ -74,10 +74,20 @@ fn the_checker_catches_a_disk_that_lies_about_fsync() {
 /// a power loss took made recovery rewrite the last synced batch, which the next power loss
 /// tore; an unreadable marker now means nothing to rewrite. 1018 (sync): the first version of
 /// the fsyncgate rewrite did the same with a readable marker from a dead handle's `Drop`.
+/// 24474 (mixed) and 28594 (periodic, relaxed): a poisoned store's empty newest segment was
+/// longer than its header (space allocated for a batch whose write failed or tore); recovery
+/// cut it to the header and rewrote the header, a power loss kept the old length and tore the
+/// header, and the next open called that corruption. The cut is now synced first.
 #[test]
 fn regression_seeds() {
-    for (seed, durability) in [(2724, Durability::Sync), (1018, Durability::Sync)] {
-        let cfg = CrashWorkload::new(durability);
+    let mixed = CrashWorkload { mixed_durability: true, ..CrashWorkload::new(Durability::Sync) };
+    for (seed, cfg) in [
+        (2724, CrashWorkload::new(Durability::Sync)),
+        (1018, CrashWorkload::new(Durability::Sync)),
+        (24474, mixed),
+        (28594, CrashWorkload::new(Durability::Periodic(Duration::from_millis(2)))),
+        (28594, CrashWorkload::new(Durability::Relaxed)),
+    ] {
         if let Err(f) = keel_testkit::workload::run_seed(seed, &cfg) {
             panic!("regression seed {seed} fails again: {f}");
         }

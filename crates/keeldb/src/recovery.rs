@@ -732,8 +732,13 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
                 if last.end_lsn == last.start_lsn {
                     // A segment gets frames only after its header's fdatasync succeeded, so only
                     // an empty newest segment can have a header that lives in the page cache
-                    // alone (its creation's sync failed). Rewriting it risks nothing: torn, it is
-                    // a frameless newest segment with a bad header, which recovery drops.
+                    // alone (its creation's sync failed). Rewriting it risks nothing once the
+                    // file is durably cut to the header: torn, it is then a header-sized newest
+                    // segment with a bad header, which recovery drops. Without that sync a power
+                    // loss could keep what followed the header (allocated zeros, a torn batch)
+                    // beside a torn header, and a first segment in that state reads as
+                    // corruption (sim seeds 24474 and 28594).
+                    file.sync_data().map_err(|e| Error::io(&last.path, e))?;
                     rewrite_range(file.as_ref(), &last.path, 0, wal::SEGMENT_HEADER_BYTES)?;
                 }
                 rewrite_unclaimed_tail(file.as_ref(), &last, a.max_claim.max(synced))?;
