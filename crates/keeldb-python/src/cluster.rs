@@ -798,6 +798,33 @@ pub(crate) struct Inner {
     pub(crate) curp: parking_lot::Mutex<Option<Arc<keel_curp::client::Client>>>,
 }
 
+/// What a background task (lease keep-alive, watch) holds of its client. `Inner` owns the
+/// runtime, so a task holding the last reference would drop the runtime on one of the
+/// runtime's own threads when it ends or is aborted, and tokio refuses that with a panic
+/// ("Cannot drop a runtime in a context where blocking is not allowed"). The last reference
+/// taken here shuts the runtime down in the background instead, which never blocks.
+pub(crate) struct TaskHold(Option<Arc<Inner>>);
+
+impl TaskHold {
+    pub(crate) fn new(inner: &Arc<Inner>) -> TaskHold {
+        TaskHold(Some(Arc::clone(inner)))
+    }
+
+    pub(crate) fn get(&self) -> Option<&Inner> {
+        self.0.as_deref()
+    }
+}
+
+impl Drop for TaskHold {
+    fn drop(&mut self) {
+        if let Some(last) = self.0.take().and_then(Arc::into_inner) {
+            let Inner { runtime, endpoints, curp, .. } = last;
+            drop((endpoints, curp));
+            runtime.shutdown_background();
+        }
+    }
+}
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cluster::{classify, kv_object, Blob, Client, Inner, Kv, Mode, Raise, Verdict};
+use crate::cluster::{classify, kv_object, Blob, Client, Inner, Kv, Mode, Raise, TaskHold, Verdict};
 use crate::errors::new_error;
 
 /// Events a watch holds for Python before its stream waits.
@@ -44,7 +44,8 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Refreshes lease `id` every `ttl / 3` until it is gone or `stop` is set; sets `expired`
 /// when a refresh answers TTL 0 (the lease was revoked or expired).
-async fn keep_alive_loop(inner: Arc<Inner>, id: i64, ttl: i64, stop: Arc<AtomicBool>, expired: Arc<AtomicBool>) {
+async fn keep_alive_loop(hold: TaskHold, id: i64, ttl: i64, stop: Arc<AtomicBool>, expired: Arc<AtomicBool>) {
+    let Some(inner) = hold.get() else { return };
     let period = Duration::from_millis((ttl.max(1) as u64 * 1000) / 3).max(Duration::from_millis(100));
     let n = inner.endpoints.len().max(1);
     let mut index = 0usize;
@@ -223,7 +224,7 @@ impl Lease {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let task = self.inner.runtime.spawn(keep_alive_loop(
-            Arc::clone(&self.inner),
+            TaskHold::new(&self.inner),
             self.id,
             self.ttl,
             Arc::clone(&stop),
@@ -380,7 +381,8 @@ impl WatchSpec {
 }
 
 /// Keeps a watch open across members until the receiver is dropped or the server ends it.
-async fn watch_loop(inner: Arc<Inner>, spec: WatchSpec, mut next: i64, tx: mpsc::Sender<Item>) {
+async fn watch_loop(hold: TaskHold, spec: WatchSpec, mut next: i64, tx: mpsc::Sender<Item>) {
+    let Some(inner) = hold.get() else { return };
     let n = inner.endpoints.len().max(1);
     let mut index = 0usize;
     let mut backoff = RETRY_FIRST;
@@ -636,7 +638,7 @@ impl Lock {
         let stop = Arc::new(AtomicBool::new(false));
         let expired = Arc::new(AtomicBool::new(false));
         let task = inner.runtime.spawn(keep_alive_loop(
-            Arc::clone(inner),
+            TaskHold::new(inner),
             lease_id,
             grant.ttl(),
             Arc::clone(&stop),
@@ -882,7 +884,7 @@ impl Client {
         let spec = WatchSpec { key: key.0, end: end.map(|e| e.0), prefix, prev_kv, no_put, no_delete };
         let inner = self.inner(py)?;
         let (tx, rx) = mpsc::channel(WATCH_QUEUE);
-        let task = inner.runtime.spawn(watch_loop(Arc::clone(&inner), spec, start_revision, tx));
+        let task = inner.runtime.spawn(watch_loop(TaskHold::new(&inner), spec, start_revision, tx));
         Ok(Watch { inner, rx: Mutex::new(Some(rx)), task: Mutex::new(Some(task)) })
     }
 

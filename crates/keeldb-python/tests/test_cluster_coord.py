@@ -226,3 +226,20 @@ def test_bad_arguments(client):
         client.watch("")
     with pytest.raises(ValueError):
         client.watch("a", "b", prefix=True)
+
+
+def test_closing_a_client_under_running_background_tasks_panics_nothing(trio, ns, capfd):
+    # A lease keep-alive and a watch run on the client's runtime. Closing the client and then
+    # dropping them leaves each task holding the last reference to the runtime; it used to be
+    # dropped on its own worker thread, which tokio refuses with a panic on stderr.
+    for _ in range(5):
+        c = keeldb.connect([m.client_url for m in trio], timeout=10.0)
+        lease = c.lease(30)
+        lease.keep_alive()
+        w = c.watch(ns + "w", prefix=True)
+        c.put(ns + "w/1", "x")
+        c.close()
+        del lease, w
+        time.sleep(0.3)  # the aborted keep-alive and the watch task end on the runtime
+    captured = capfd.readouterr()
+    assert "panicked" not in captured.err, captured.err
