@@ -6,19 +6,9 @@
 use keeldb::{Database, Durability, Options};
 use std::hint::black_box;
 
-fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn key16(i: u64) -> [u8; 16] {
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&mix64(i).to_be_bytes());
-    key[8..].copy_from_slice(&i.to_be_bytes());
-    key
-}
+#[path = "common/keys.rs"]
+mod keys;
+use keys::{key16, mix64};
 
 fn rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -39,19 +39,7 @@ pub trait FileHandle: Send + Sync + fmt::Debug {
     /// `sync_data`; until then a crash may keep all, some (as zeros) or none of it. The range
     /// must lie at or past the end of what the file holds. The default writes zeros.
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        const CHUNK: u64 = 64 * 1024;
-        let zeros = vec![0u8; CHUNK.min(len) as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let n = CHUNK.min(offset + len - at) as usize;
-            match self.write_at(zeros.get(..n).unwrap_or_default(), at) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote nothing")),
-                Ok(written) => at += written as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
 }
 
@@ -121,6 +109,23 @@ pub fn read_exact_at(file: &dyn FileHandle, mut buf: &mut [u8], mut offset: u64)
     Ok(())
 }
 
+/// Writes `len` zeros at `offset`, 64 KiB at a time (short writes continued).
+pub fn write_zeros<F: FileHandle + ?Sized>(file: &F, offset: u64, len: u64) -> io::Result<()> {
+    const CHUNK: u64 = 64 * 1024;
+    let zeros = vec![0u8; CHUNK.min(len) as usize];
+    let mut at = offset;
+    while at < offset + len {
+        let n = CHUNK.min(offset + len - at) as usize;
+        match file.write_at(zeros.get(..n).unwrap_or_default(), at) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote nothing")),
+            Ok(written) => at += written as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Reads a whole file into `buf`, replacing what it held. Reusing one buffer for many files
 /// (recovery's WAL segments) spares a fresh allocation, and its page faults, per file.
 pub fn read_all_into(file: &dyn FileHandle, buf: &mut Vec<u8>) -> io::Result<()> {
@@ -133,10 +138,8 @@ pub fn read_all_into(file: &dyn FileHandle, buf: &mut Vec<u8>) -> io::Result<()>
 
 /// Reads a whole file into memory.
 pub fn read_all(file: &dyn FileHandle) -> io::Result<Vec<u8>> {
-    let len = file.len()?;
-    let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
-    let mut buf = vec![0u8; len];
-    read_exact_at(file, &mut buf, 0)?;
+    let mut buf = Vec::new();
+    read_all_into(file, &mut buf)?;
     Ok(buf)
 }
 
@@ -170,10 +173,7 @@ impl FileHandle for StdFile {
         // less than overwriting written zeros (design/recovery.md, "Preallocated segment
         // space"). A file system without fallocate gets the zeros written instead.
         match sys::fallocate(&self.file, offset, len) {
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                let zeros = vec![0u8; len as usize];
-                write_all_at(self, &zeros, offset)
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => write_zeros(self, offset, len),
             other => other,
         }
     }
