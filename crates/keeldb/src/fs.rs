@@ -126,14 +126,52 @@ pub fn write_zeros<F: FileHandle + ?Sized>(file: &F, offset: u64, len: u64) -> i
     Ok(())
 }
 
+/// Files at least this long are read by two threads, each into its own half of the buffer.
+pub(crate) const PARALLEL_READ_BYTES: usize = 64 << 20;
+
 /// Reads a whole file into `buf`, replacing what it held. Reusing one buffer for many files
 /// (recovery's WAL segments) spares a fresh allocation, and its page faults, per file.
+///
+/// Nothing is zeroed that the read overwrites anyway: bytes the buffer already holds are kept
+/// until the read replaces them, and a fresh buffer comes from `calloc`, whose large blocks
+/// are new pages the kernel zeroes as the read first touches them (no `memset` pass over the
+/// whole file, which cost a 1.3 GB checkpoint ~0.3 s). A long file is read by two threads,
+/// so the page faults and the copy out of the page cache are split over two cores.
 pub fn read_all_into(file: &dyn FileHandle, buf: &mut Vec<u8>) -> io::Result<()> {
+    read_all_into_from(file, buf, PARALLEL_READ_BYTES)
+}
+
+fn read_all_into_from(file: &dyn FileHandle, buf: &mut Vec<u8>, parallel_from: usize) -> io::Result<()> {
     let len = file.len()?;
     let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
-    buf.clear();
-    buf.resize(len, 0);
+    if buf.is_empty() && buf.capacity() < len {
+        *buf = vec![0; len];
+    } else {
+        buf.truncate(len);
+        buf.resize(len, 0);
+    }
+    if len >= parallel_from && len >= 2 {
+        if let Some(done) = read_halves(file, buf) {
+            return done;
+        }
+    }
     read_exact_at(file, buf, 0)
+}
+
+/// Reads `buf.len()` bytes from offset 0 on two threads, one per half. `None` when no second
+/// thread could be started (nothing useful was read; the caller reads it all itself).
+fn read_halves(file: &dyn FileHandle, buf: &mut [u8]) -> Option<io::Result<()>> {
+    let mid = buf.len() / 2;
+    let (head, tail) = buf.split_at_mut(mid);
+    std::thread::scope(|scope| {
+        let other = std::thread::Builder::new()
+            .name("keeldb-read".into())
+            .spawn_scoped(scope, move || read_exact_at(file, tail, mid as u64))
+            .ok()?;
+        let first = read_exact_at(file, head, 0);
+        let second = other.join().unwrap_or_else(|_| Err(io::Error::other("reader thread panicked")));
+        Some(first.and(second))
+    })
 }
 
 /// Reads a whole file into memory.
@@ -306,6 +344,66 @@ mod tests {
         fn set_len(&self, len: u64) -> io::Result<()> {
             self.0.lock().unwrap().resize(len as usize, 0);
             Ok(())
+        }
+    }
+
+    /// A file in memory that returns at most 7 bytes per read and can fail reads from an offset.
+    #[derive(Debug)]
+    struct ShortReads {
+        data: Vec<u8>,
+        fail_from: u64,
+    }
+
+    impl FileHandle for ShortReads {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            if offset >= self.fail_from {
+                return Err(io::Error::other("injected read error"));
+            }
+            let src = self.data.get(offset as usize..).unwrap_or_default();
+            let n = src.len().min(buf.len()).min(7);
+            buf[..n].copy_from_slice(&src[..n]);
+            Ok(n)
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> io::Result<usize> {
+            Err(io::Error::other("read only"))
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.data.len() as u64)
+        }
+        fn set_len(&self, _: u64) -> io::Result<()> {
+            Err(io::Error::other("read only"))
+        }
+    }
+
+    #[test]
+    fn reading_a_whole_file_in_two_halves_or_into_a_reused_buffer_gives_its_bytes() {
+        let data: Vec<u8> = (0..10_001u32).map(|i| (i * 31 % 251) as u8).collect();
+        let f = ShortReads { data: data.clone(), fail_from: u64::MAX };
+        for parallel_from in [1, 2, 10_001, usize::MAX] {
+            // Fresh, longer and shorter reused buffers: stale bytes must never survive.
+            for mut buf in [Vec::new(), vec![0xAB; 20_000], vec![0xCD; 3], Vec::with_capacity(50_000)] {
+                read_all_into_from(&f, &mut buf, parallel_from).unwrap();
+                assert_eq!(buf, data, "parallel from {parallel_from}");
+            }
+        }
+        let empty = ShortReads { data: Vec::new(), fail_from: u64::MAX };
+        let mut buf = vec![1, 2, 3];
+        read_all_into_from(&empty, &mut buf, 1).unwrap();
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_read_error_in_either_half_is_returned() {
+        let data = vec![9u8; 1_000];
+        // Offsets where a read of 7 bytes starts: in the first half (0, 497) and in the second (500, 994).
+        for fail_from in [0, 497, 500, 994] {
+            let f = ShortReads { data: data.clone(), fail_from };
+            let mut buf = Vec::new();
+            let err = read_all_into_from(&f, &mut buf, 1).unwrap_err();
+            assert_eq!(err.to_string(), "injected read error", "failing from {fail_from}");
         }
     }
 

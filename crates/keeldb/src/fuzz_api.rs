@@ -54,7 +54,9 @@ pub fn checkpoint_stream(mut bytes: &[u8]) -> Result<u64, String> {
 /// contents). Returns the last recovered commit timestamp, or the error recovery reports.
 pub fn recover_dir(files: Vec<(String, Vec<u8>)>) -> Result<u64, String> {
     let fs = MemFs { files };
-    crate::recovery::analyze(&fs, Path::new("/fuzz")).map(|a| a.last_ts).map_err(|e| e.to_string())
+    crate::recovery::analyze(&fs, Path::new("/fuzz"), crate::recovery::Scan::AfterCheckpoint)
+        .map(|a| a.last_ts)
+        .map_err(|e| e.to_string())
 }
 
 /// A read-only in-memory directory, enough for `recovery::analyze`.

@@ -8,7 +8,7 @@ use crate::checkpoint::{parse_checkpoint_name, read_checkpoint, CheckpointSink};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, FileSystem, OpenMode, StdFs};
-use crate::recovery::{analyze, RecoveryReport};
+use crate::recovery::{analyze, RecoveryReport, Scan};
 
 /// The outcome of [`verify`].
 #[derive(Debug, Clone, Default)]
@@ -98,7 +98,7 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
             Err((off, why)) => report.problems.push(format!("{} at offset {off}: {why}", p.display())),
         }
     }
-    match analyze(fs, dir) {
+    match analyze(fs, dir, Scan::Everything) {
         Ok(a) => {
             if let Some((p, off)) = &a.report.torn_tail {
                 if a.report.discarded_frames > 0 {

@@ -381,6 +381,75 @@ fn checkpoint_then_reopen_replays_only_the_tail() {
     assert_eq!(v.digest, Some(digest));
 }
 
+/// A store of small segments, a checkpoint after 200 commits, 10 more after it, closed.
+fn store_with_covered_segments(path: &Path) -> (u64, keeldb::StateDigest) {
+    let db = Database::open(path, Options { wal_segment_bytes: 4096, background_threads: false, ..Options::default() })
+        .unwrap();
+    for i in 0..200u32 {
+        put(&db, "t", &i.to_be_bytes(), &[7u8; 100]);
+    }
+    let c = db.checkpoint().unwrap();
+    for i in 200..210u32 {
+        put(&db, "t", &i.to_be_bytes(), &[8u8; 100]);
+    }
+    let digest = db.digest();
+    db.close().unwrap();
+    (c.ts, digest)
+}
+
+#[test]
+fn open_reads_only_the_headers_of_segments_the_checkpoint_covers_and_verify_reads_them_whole() {
+    let t = TestDir::new();
+    let path = t.path();
+    let (ckpt_ts, digest) = store_with_covered_segments(&path);
+    let segs = files(&path, "wal-");
+    assert!(segs.len() > 5, "segments rolled");
+    // Damage a frame in the second segment (the first holding commits), long before the checkpoint.
+    let victim = &segs[1];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let frames = frame_offsets(&bytes);
+    assert!(frames.len() > 2);
+    bytes[frames[1] + FRAME_HEADER + 3] ^= 0x10;
+    std::fs::write(victim, &bytes).unwrap();
+
+    let db = open(&path);
+    let r = db.recovery_report().clone();
+    assert_eq!(r.checkpoint.as_ref().map(|(_, ts)| *ts), Some(ckpt_ts));
+    assert!(r.segments_covered >= 3, "{r}");
+    assert_eq!(r.segments_covered + r.segments_scanned, segs.len() as u64, "{r}");
+    assert_eq!(r.frames_replayed, 10, "{r}");
+    assert_eq!(count(&db), 210);
+    assert_eq!(db.digest(), digest);
+    db.close().unwrap();
+
+    // Verify reads every frame and finds the damage open did not need to read.
+    let v = keeldb::verify(&path).unwrap();
+    assert!(!v.is_intact(), "{v}");
+    assert!(v.to_string().contains(&victim.display().to_string()), "{v}");
+}
+
+#[test]
+fn a_damaged_header_of_a_covered_segment_is_still_corruption_at_open() {
+    let t = TestDir::new();
+    let path = t.path();
+    store_with_covered_segments(&path);
+    let segs = files(&path, "wal-");
+    // A flipped bit in the header's start LSN: its checksum no longer matches. Open cannot
+    // tell what the segment before it covers, reads both whole, and reports the header.
+    let victim = &segs[2];
+    let mut bytes = std::fs::read(victim).unwrap();
+    bytes[24] ^= 0x01;
+    std::fs::write(victim, &bytes).unwrap();
+    let err = Database::open(&path, opts(Durability::Sync)).unwrap_err();
+    match &err {
+        Error::Corruption { location, reason } => {
+            assert_eq!(&location.path, victim);
+            assert!(reason.contains("checksum"), "{err}");
+        }
+        other => panic!("expected corruption, got {other}"),
+    }
+}
+
 #[test]
 fn automatic_checkpoints_bound_the_wal() {
     let t = TestDir::new();
