@@ -26,7 +26,7 @@ pub const CHILD_COMMAND: &str = "__bench-child";
 /// What the child does.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildSpec {
-    /// `fill` (recovery) or `scale`.
+    /// `fill` (recovery), `scale`, or `reopen` (scale: one timed open, then a clean close).
     pub task: String,
     /// `keeldb` or a peer's name.
     pub system: String,
@@ -38,7 +38,7 @@ pub struct ChildSpec {
     pub batch: u64,
     /// Bytes per value.
     pub value_bytes: usize,
-    /// `fill`: checkpoint after the writes.
+    /// `fill`: checkpoint after the writes; `reopen`: after the open.
     pub checkpoint: bool,
     /// `scale`: point reads to time.
     pub reads: u64,
@@ -63,6 +63,15 @@ pub struct ChildReport {
     pub sync_p99_us: f64,
     /// Mean one-put `relaxed` commit, µs (`scale`).
     pub relaxed_us: f64,
+    /// `reopen`: how long `Database::open` took, ms.
+    #[serde(default)]
+    pub reopen_ms: f64,
+    /// `reopen`: WAL frames the open replayed.
+    #[serde(default)]
+    pub frames_replayed: u64,
+    /// `reopen`: keys in the store after the open.
+    #[serde(default)]
+    pub keys: u64,
 }
 
 /// Entry point of the hidden subcommand: runs the spec, prints the report, waits to be killed.
@@ -71,6 +80,7 @@ pub fn child_main(spec: &str) -> anyhow::Result<()> {
     let report = match spec.task.as_str() {
         "fill" => fill(&spec)?,
         "scale" => scale(&spec)?,
+        "reopen" => reopen(&spec)?,
         other => bail!("unknown child task `{other}`"),
     };
     let mut stdout = std::io::stdout().lock();
@@ -187,7 +197,25 @@ fn scale(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
         sync_p50_us: sync.percentile_ns(50.0) / 1e3,
         sync_p99_us: sync.percentile_ns(99.0) / 1e3,
         relaxed_us,
+        ..ChildReport::default()
     })
+}
+
+/// Times one open of a KeelDB store in this fresh process, as a restarted application would
+/// open it; then, if the spec asks, checkpoints; then closes it cleanly.
+fn reopen(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
+    ensure!(spec.system == "keeldb", "the reopen task measures keeldb only");
+    let started = Instant::now();
+    let db = keeldb::Database::open(&spec.dir, keel_options())
+        .with_context(|| format!("reopening {}", spec.dir.display()))?;
+    let reopen_ms = started.elapsed().as_secs_f64() * 1e3;
+    let frames_replayed = db.recovery_report().frames_replayed;
+    let keys = db.stats().tables.iter().map(|t| t.keys).sum::<u64>();
+    if spec.checkpoint {
+        db.checkpoint()?;
+    }
+    db.close()?;
+    Ok(ChildReport { reopen_ms, frames_replayed, keys, ..ChildReport::default() })
 }
 
 /// A running child, killed (SIGKILL) and reaped when dropped.
