@@ -618,9 +618,12 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
             ));
         }
 
-        let scan = scan_segment(bytes, header.start_lsn);
+        // Each frame is decoded and applied right after its checks, while its bytes are cached.
+        // A bad frame ends the prefix; what follows it is judged below, after the prefix was
+        // applied (if that judgement is corruption, the whole state is discarded with the error).
+        let mut scanner = wal::FrameScanner::new(bytes, header.start_lsn);
         let mut seg_last_ts = header.first_ts.saturating_sub(1);
-        for frame in &scan.frames {
+        for frame in scanner.by_ref() {
             max_claim = max_claim.max(frame.header.durable_lsn);
             let rec = decode_payload(frame.payload).map_err(|e| {
                 Error::corruption(&path, frame.offset, format!("checksummed frame does not decode: {e}"))
@@ -656,6 +659,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
                 last_ts = ts;
             }
         }
+        let scan = scanner.finish();
         let seg_end_lsn = header.start_lsn + (scan.valid_end - wal::SEGMENT_HEADER_BYTES);
         // Zeros after the frames end the segment (preallocated space). In a sealed segment the
         // next one's start LSN, checked below, proves no frame was lost to them.

@@ -367,46 +367,94 @@ fn check_frame(bytes: &[u8], pos: usize, expect_lsn: u64) -> std::result::Result
 /// the first bad frame for any later valid frames (8-byte aligned, LSN consistent with their
 /// position), so recovery can tell a torn tail from corruption.
 pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
-    let base = SEGMENT_HEADER_BYTES as usize;
-    let lsn_at = |pos: usize| start_lsn + (pos - base) as u64;
-    let mut frames = Vec::new();
-    let mut pos = base;
-    let mut bad = None;
-    while pos < bytes.len() {
-        match check_frame(bytes, pos, lsn_at(pos)) {
-            Ok((header, payload)) => {
-                frames.push(ScannedFrame { header, offset: pos as u64, payload });
-                pos += frame_bytes(header.payload_len);
-            }
-            Err(_) if is_all_zero(bytes.get(pos..).unwrap_or_default()) => break,
-            Err(reason) => {
-                bad = Some(BadFrame { offset: pos as u64, lsn: lsn_at(pos), reason });
-                break;
-            }
-        }
+    let mut scanner = FrameScanner::new(bytes, start_lsn);
+    let frames: Vec<ScannedFrame<'_>> = scanner.by_ref().collect();
+    SegmentScan { frames, ..scanner.finish() }
+}
+
+/// [`scan_segment`] one frame at a time: the valid prefix, in order, each frame checked (header,
+/// LSN, payload CRC) just before it is yielded, so a caller that uses the frame at once finds
+/// its bytes still in the cache. (Recovery checked a whole 64 MiB segment first and then
+/// decoded it from the start, from memory again: a cache miss per line of every payload.)
+/// [`FrameScanner::finish`] then gives what follows the prefix.
+pub(crate) struct FrameScanner<'a> {
+    bytes: &'a [u8],
+    start_lsn: u64,
+    pos: usize,
+    bad: Option<BadFrame>,
+    ended: bool,
+}
+
+impl<'a> FrameScanner<'a> {
+    pub fn new(bytes: &'a [u8], start_lsn: u64) -> FrameScanner<'a> {
+        FrameScanner { bytes, start_lsn, pos: SEGMENT_HEADER_BYTES as usize, bad: None, ended: false }
     }
-    // Preallocated space (zeros written ahead of the log) ends the log cleanly; see
-    // "Preallocated segment space" in docs/design/recovery.md for why only all zeros may.
-    let zero_tail = if bad.is_none() { (bytes.len() as u64).saturating_sub(pos as u64) } else { 0 };
-    let mut later_valid_frames = 0;
-    let mut later_max_durable_lsn = 0;
-    if let Some(b) = &bad {
-        let mut p = b.offset as usize + 8;
-        while p + FRAME_HEADER_BYTES <= bytes.len() {
-            match check_frame(bytes, p, lsn_at(p)) {
-                Ok((header, _)) => {
-                    later_valid_frames += 1;
-                    later_max_durable_lsn = later_max_durable_lsn.max(header.durable_lsn);
-                    p += frame_bytes(header.payload_len);
+
+    fn lsn_at(&self, pos: usize) -> u64 {
+        self.start_lsn + (pos - SEGMENT_HEADER_BYTES as usize) as u64
+    }
+
+    /// Everything about the segment but its frames (`frames` is empty): where the valid prefix
+    /// ends, the bad frame, the valid frames after it, the zero tail. Frames not yet yielded
+    /// are skipped over (checked, not returned).
+    pub fn finish(mut self) -> SegmentScan<'a> {
+        while self.next().is_some() {}
+        let (bytes, pos) = (self.bytes, self.pos);
+        // Preallocated space (zeros written ahead of the log) ends the log cleanly; see
+        // "Preallocated segment space" in docs/design/recovery.md for why only all zeros may.
+        let zero_tail = if self.bad.is_none() { (bytes.len() as u64).saturating_sub(pos as u64) } else { 0 };
+        let mut later_valid_frames = 0;
+        let mut later_max_durable_lsn = 0;
+        if let Some(b) = &self.bad {
+            let mut p = b.offset as usize + 8;
+            while p + FRAME_HEADER_BYTES <= bytes.len() {
+                match check_frame(bytes, p, self.lsn_at(p)) {
+                    Ok((header, _)) => {
+                        later_valid_frames += 1;
+                        later_max_durable_lsn = later_max_durable_lsn.max(header.durable_lsn);
+                        p += frame_bytes(header.payload_len);
+                    }
+                    Err(_) => p += 8,
                 }
-                Err(_) => p += 8,
+            }
+        }
+        // `pos` may lie past the end of the file when a tear cut only the last frame's zero
+        // padding: that frame is whole, and the log continues at the aligned offset (recovery
+        // extends the file to it), so frame positions and LSNs stay aligned.
+        SegmentScan {
+            frames: Vec::new(),
+            valid_end: pos as u64,
+            bad: self.bad,
+            later_valid_frames,
+            later_max_durable_lsn,
+            zero_tail,
+        }
+    }
+}
+
+impl<'a> Iterator for FrameScanner<'a> {
+    type Item = ScannedFrame<'a>;
+
+    fn next(&mut self) -> Option<ScannedFrame<'a>> {
+        if self.ended || self.pos >= self.bytes.len() {
+            self.ended = true;
+            return None;
+        }
+        let pos = self.pos;
+        match check_frame(self.bytes, pos, self.lsn_at(pos)) {
+            Ok((header, payload)) => {
+                self.pos += frame_bytes(header.payload_len);
+                Some(ScannedFrame { header, offset: pos as u64, payload })
+            }
+            Err(reason) => {
+                if !is_all_zero(self.bytes.get(pos..).unwrap_or_default()) {
+                    self.bad = Some(BadFrame { offset: pos as u64, lsn: self.lsn_at(pos), reason });
+                }
+                self.ended = true;
+                None
             }
         }
     }
-    // `pos` may lie past the end of the file when a tear cut only the last frame's zero
-    // padding: that frame is whole, and the log continues at the aligned offset (recovery
-    // extends the file to it), so frame positions and LSNs stay aligned.
-    SegmentScan { frames, valid_end: pos as u64, bad, later_valid_frames, later_max_durable_lsn, zero_tail }
 }
 
 fn is_all_zero(bytes: &[u8]) -> bool {
