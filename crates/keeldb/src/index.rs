@@ -402,6 +402,35 @@ impl TableData {
         horizon: u64,
         digest: &mut StateDigest,
     ) {
+        self.apply_with(table, key, value, ts, horizon, digest, true);
+    }
+
+    /// [`TableData::apply`] for a caller that has already added the new value's entry to
+    /// `digest` (recovery hashes a whole commit's new entries first: see
+    /// `StateBuilder::apply_all`); the entry of a value it replaces is still removed here.
+    pub fn apply_added(
+        &mut self,
+        table: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+        ts: u64,
+        horizon: u64,
+        digest: &mut StateDigest,
+    ) {
+        self.apply_with(table, key, value, ts, horizon, digest, false);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_with(
+        &mut self,
+        table: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+        ts: u64,
+        horizon: u64,
+        digest: &mut StateDigest,
+        add: bool,
+    ) {
         let mut pushed_candidate = false;
         match self.slot_of(key).and_then(|n| self.slots.get_mut(n)) {
             Some(slot) => {
@@ -454,7 +483,9 @@ impl TableData {
             self.gc_candidates.push(Key::new(key));
         }
         if let Some(v) = value {
-            digest.add(table, key, v);
+            if add {
+                digest.add(table, key, v);
+            }
             self.live_keys += 1;
             self.live_bytes += (key.len() + v.len()) as u64;
         }
