@@ -976,15 +976,19 @@ mod checkpoint_load_tests {
         let commits: Vec<Vec<Op<'static>>> = vec![
             vec![Op::CreateTable { table: 1, name: "a" }, Op::CreateTable { table: 2, name: "b" }],
             (0..50u32).map(|i| Op::Put { table: 1, key: Box::leak(Box::new(k(i))), value: b"one" }).collect(),
-            // Interleaved tables, deletes of present and absent keys, a key rewritten.
+            // Interleaved tables, deletes of present and absent keys, keys rewritten (a commit
+            // writes each key once, as a transaction's write set does).
             vec![
                 Op::Put { table: 2, key: b"x", value: b"1" },
                 Op::Put { table: 1, key: Box::leak(Box::new(k(3))), value: b"three" },
                 Op::Delete { table: 1, key: Box::leak(Box::new(k(4))) },
                 Op::Delete { table: 1, key: b"absent" },
                 Op::Put { table: 2, key: b"y", value: b"2" },
-                Op::Delete { table: 2, key: b"x" },
                 Op::Put { table: 1, key: Box::leak(Box::new(k(5))), value: b"five" },
+            ],
+            vec![
+                Op::Delete { table: 2, key: b"x" },
+                Op::Put { table: 1, key: Box::leak(Box::new(k(6))), value: b"six" },
             ],
             vec![
                 Op::DropTable { table: 2 },
