@@ -405,23 +405,11 @@ impl TableData {
         self.apply_with(table, key, value, ts, horizon, digest, true);
     }
 
-    /// [`TableData::apply`] for a caller that has already added the new value's entry to
-    /// `digest` (recovery hashes a whole commit's new entries first: see
-    /// `StateBuilder::apply_all`); the entry of a value it replaces is still removed here.
-    pub fn apply_added(
-        &mut self,
-        table: &str,
-        key: &[u8],
-        value: Option<&[u8]>,
-        ts: u64,
-        horizon: u64,
-        digest: &mut StateDigest,
-    ) {
-        self.apply_with(table, key, value, ts, horizon, digest, false);
-    }
-
+    /// [`TableData::apply`]; with `add` false, for a caller that has already added the new
+    /// value's entry to `digest` (recovery hashes a run of a commit's new entries first: see
+    /// `StateBuilder::apply_all`). The entry of a value it replaces is removed here either way.
     #[allow(clippy::too_many_arguments)]
-    fn apply_with(
+    pub fn apply_with(
         &mut self,
         table: &str,
         key: &[u8],

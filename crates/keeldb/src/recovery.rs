@@ -247,8 +247,10 @@ impl StateBuilder {
             let mut data = t.data.write();
             for op in run {
                 match *op {
-                    Op::Put { key, value, .. } => data.apply_added(&t.name, key, Some(value), ts, ts, &mut self.digest),
-                    Op::Delete { key, .. } => data.apply_added(&t.name, key, None, ts, ts, &mut self.digest),
+                    Op::Put { key, value, .. } => {
+                        data.apply_with(&t.name, key, Some(value), ts, ts, &mut self.digest, false)
+                    }
+                    Op::Delete { key, .. } => data.apply_with(&t.name, key, None, ts, ts, &mut self.digest, false),
                     _ => {}
                 }
             }
