@@ -579,7 +579,7 @@ impl Committer {
                     (None, Ok(())) => Ok(()),
                 };
                 if ready.result.is_ok() {
-                    self.apply_batch(&ready.commits);
+                    self.apply_batch(&mut ready.commits);
                 }
                 p.next_batch += 1;
                 done.push(ready);
@@ -606,17 +606,22 @@ impl Committer {
         }
     }
 
-    /// Applies a durable batch to the index in timestamp order, then makes it visible.
-    fn apply_batch(&self, batch: &[Pending]) {
-        let Some(last) = batch.last() else { return };
+    /// Applies a durable batch to the index in timestamp order, then makes it visible. The
+    /// index takes the write sets' value buffers (the keys stay, to be freed outside the
+    /// publish lock), so the change feed records the batch first.
+    fn apply_batch(&self, batch: &mut [Pending]) {
+        let Some(last_ts) = batch.last().map(|p| p.ts) else { return };
         let view = &self.published;
+        if view.history.is_recording() {
+            record_history(&view.history, batch);
+        }
         let horizon = view.horizon();
         let mut digest = view.digest.lock();
         // The table the previous commit wrote: a log of commands to one table looks it up once
         // per batch, not once per commit.
         let mut last_table: Option<Arc<Table>> = None;
-        for p in batch {
-            for ta in &p.tables {
+        for p in batch.iter_mut() {
+            for ta in &mut p.tables {
                 if ta.drop_id.is_some() || ta.create {
                     let mut catalog = view.catalog.write();
                     if let Some(old) = ta.drop_id.and_then(|id| catalog.by_id(id)).cloned() {
@@ -636,18 +641,15 @@ impl Committer {
                 }
                 let Some(table) = &last_table else { continue };
                 let mut data = table.data.write();
-                for (k, v) in &ta.writes {
-                    data.apply(&table.name, k, v.as_deref(), p.ts, horizon, &mut digest);
+                for (k, v) in ta.writes.iter_mut() {
+                    data.apply_owned(&table.name, k, v.take(), p.ts, horizon, &mut digest);
                 }
             }
         }
         if let Some(p) = batch.iter().rev().find_map(|p| p.position) {
             *view.applied.lock() = Some(p);
         }
-        if view.history.is_recording() {
-            record_history(&view.history, batch);
-        }
-        view.visible_ts.store(last.ts, Ordering::Release);
+        view.visible_ts.store(last_ts, Ordering::Release);
         drop(digest);
         view.history.notify();
     }
