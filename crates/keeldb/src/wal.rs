@@ -219,17 +219,28 @@ pub(crate) fn frame_bytes(payload_len: usize) -> usize {
 
 /// A frame header for a payload of `payload_len` bytes with CRC `payload_crc`.
 fn frame_header(payload_len: usize, lsn: u64, durable_lsn: u64, ts: u64, payload_crc: u32) -> [u8; FRAME_HEADER_BYTES] {
-    let mut h = Vec::with_capacity(FRAME_HEADER_BYTES);
-    h.put_u32(FRAME_MAGIC);
-    h.put_u32(payload_len as u32);
-    h.put_u64(lsn);
-    h.put_u64(durable_lsn);
-    h.put_u64(ts);
-    h.put_u32(payload_crc);
-    let header_crc = crc32c::crc32c(&h);
-    h.put_u32(header_crc);
+    // Built in place (this runs once per commit): the fields, then the CRC of the fields.
     let mut out = [0u8; FRAME_HEADER_BYTES];
-    out.copy_from_slice(h.get(..FRAME_HEADER_BYTES).unwrap_or(&[0u8; FRAME_HEADER_BYTES]));
+    let fields: [&[u8]; 6] = [
+        &FRAME_MAGIC.to_le_bytes(),
+        &(payload_len as u32).to_le_bytes(),
+        &lsn.to_le_bytes(),
+        &durable_lsn.to_le_bytes(),
+        &ts.to_le_bytes(),
+        &payload_crc.to_le_bytes(),
+    ];
+    let mut at = 0;
+    for f in fields {
+        if let Some(dst) = out.get_mut(at..at + f.len()) {
+            dst.copy_from_slice(f);
+        }
+        at += f.len();
+    }
+    let header_crc = crc32c::crc32c(out.get(..at).unwrap_or_default());
+    if let Some(dst) = out.get_mut(at..at + 4) {
+        dst.copy_from_slice(&header_crc.to_le_bytes());
+    }
+    debug_assert_eq!(at + 4, FRAME_HEADER_BYTES);
     out
 }
 

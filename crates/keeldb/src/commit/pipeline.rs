@@ -563,13 +563,21 @@ impl Committer {
     /// its committers. Whoever finds the next batch ready publishes it, so no thread ever waits
     /// for a particular other thread to be scheduled.
     fn publish(&self, batch: Batch, result: std::result::Result<(), Failure>) {
-        let mut done: Vec<Ready> = Vec::new();
+        // Usually this batch alone, next in sequence: it then skips the map, and `done` stays
+        // in `first` (no allocation for either).
+        let mut first: Option<Ready> = None;
+        let mut more: Vec<Ready> = Vec::new();
         {
             let mut p = self.pipeline.publish.lock();
-            p.ready.insert(batch.seq, Ready { commits: batch.commits, result });
+            let mut this = Some(Ready { commits: batch.commits, result });
+            if batch.seq != p.next_batch {
+                if let Some(ready) = this.take() {
+                    p.ready.insert(batch.seq, ready);
+                }
+            }
             loop {
                 let next = p.next_batch;
-                let Some(mut ready) = p.ready.remove(&next) else { break };
+                let Some(mut ready) = this.take().or_else(|| p.ready.remove(&next)) else { break };
                 ready.result = match (&p.failed, ready.result) {
                     (Some(failure), _) => Err(failure.clone()),
                     (None, Err(failure)) => {
@@ -582,17 +590,20 @@ impl Committer {
                     self.apply_batch(&mut ready.commits);
                 }
                 p.next_batch += 1;
-                done.push(ready);
+                match first {
+                    None => first = Some(ready),
+                    Some(_) => more.push(ready),
+                }
             }
         }
         // Noted before anyone is woken, so a woken committer's next enqueue finds its entry.
-        let returning = done.iter().filter(|r| r.result.is_ok()).flat_map(|r| r.commits.iter());
+        let returning = first.iter().chain(&more).filter(|r| r.result.is_ok()).flat_map(|r| r.commits.iter());
         let mut returning =
             returning.filter(|c| c.durability.needs_sync()).filter_map(|c| c.waiter.thread_id()).peekable();
         if returning.peek().is_some() {
             self.pipeline.gather.lock().note_returning(returning, Instant::now());
         }
-        for ready in done {
+        for ready in first.into_iter().chain(more) {
             for c in &ready.commits {
                 let outcome = match &ready.result {
                     Ok(()) if c.position.is_some() => {
