@@ -3,7 +3,8 @@
 //! - `apply`: one-put commands from a (synthetic) replicated log applied on one thread, relaxed,
 //!   one command per `apply_batch` call and 64 per call;
 //! - `async-commit`: `sync` one-put commits from 64 and 1,024 tasks of ONE current-thread tokio
-//!   runtime (`commit_async`), beside 64 blocking threads on the same store;
+//!   runtime (`commit_async`), beside 64 blocking threads on the same store; with SurrealKV
+//!   selected, its async commit (`Durability::Immediate`) driven the same way;
 //! - `history`: memory per retained version with `keep_history` (process RSS growth per
 //!   overwrite, and the change feed's own count of bytes per change).
 
@@ -106,7 +107,77 @@ fn async_commit(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         record(&format!("async_tasks_{tasks}_one_thread"), commits, syncs, secs, &mut rows);
     }
     db.close()?;
+    #[cfg(feature = "surrealkv")]
+    if context.peers.iter().any(|p| p.name() == "surrealkv") {
+        for tasks in [64u64, 1024] {
+            let dir = context.temp_dir("surrealkv-async")?;
+            let (commits, secs) = surrealkv_async::tasks(dir.path(), tasks, window)?;
+            let per_s = commits as f64 / secs;
+            let case = format!("async_tasks_{tasks}_one_thread");
+            context.progress.line(SUITE, format!("surrealkv sync {case}: {per_s:.0} commits/s"));
+            rows.push(Row::new(SUITE, "surrealkv", "sync", &case, "commits_per_s", per_s));
+        }
+    }
     Ok(rows)
+}
+
+/// SurrealKV's async commit driven as KeelDB's is above: `tasks` tasks on ONE current-thread
+/// tokio runtime, each committing one 100-byte put at a time with `Durability::Immediate`
+/// (its fsync-per-batch mode) until the window closes.
+#[cfg(feature = "surrealkv")]
+mod surrealkv_async {
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use anyhow::Context;
+    use surrealkv::{Durability, TreeBuilder};
+
+    use super::mix64;
+
+    pub fn tasks(dir: &Path, tasks: u64, window: Duration) -> anyhow::Result<(u64, f64)> {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().context("building a tokio runtime")?;
+        let committed = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
+        let secs = runtime.block_on(async {
+            let tree = Arc::new(
+                TreeBuilder::new().with_path(dir.join("store")).build_async().await.context("opening surrealkv")?,
+            );
+            let started = Instant::now();
+            let mut handles = Vec::new();
+            for t in 0..tasks {
+                let (tree, committed, failed) = (Arc::clone(&tree), Arc::clone(&committed), Arc::clone(&failed));
+                handles.push(tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while started.elapsed() < window && !failed.load(Ordering::Relaxed) {
+                        let outcome = async {
+                            let mut tx = tree.begin()?;
+                            tx.set_durability(Durability::Immediate);
+                            tx.set(mix64((t + 2_000_000) << 40 | i).to_be_bytes().to_vec(), vec![3u8; 100])?;
+                            tx.commit().await
+                        };
+                        match outcome.await {
+                            Ok(()) => {
+                                committed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => failed.store(true, Ordering::Relaxed),
+                        }
+                        i += 1;
+                    }
+                }));
+            }
+            for h in handles {
+                let _ = h.await;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            tree.close().await.context("closing surrealkv")?;
+            anyhow::Ok(secs)
+        })?;
+        anyhow::ensure!(!failed.load(Ordering::Relaxed), "a surrealkv async commit failed");
+        Ok((committed.load(Ordering::Relaxed), secs))
+    }
 }
 
 fn blocking_threads(db: &Database, threads: u64, window: Duration) -> anyhow::Result<(u64, u64, f64)> {
