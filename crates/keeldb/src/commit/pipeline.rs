@@ -164,7 +164,20 @@ pub(crate) struct Pipeline {
     sync_ns: AtomicU64,
     /// The most returning committers a leader waits for (four per core).
     gather_threads_max: usize,
+    /// Buffers of the last batch, emptied, for the next leader: a batch's queue and frames grow
+    /// to kilobytes, and were allocated afresh, by doubling, for every batch.
+    spare: Mutex<Spare>,
 }
+
+#[derive(Debug, Default)]
+struct Spare {
+    queue: Vec<Queued>,
+    frames: Vec<u8>,
+}
+
+/// A recycled frames buffer larger than this is dropped instead (after an unusually large
+/// batch, so it does not stay allocated).
+const SPARE_FRAMES_MAX: usize = 4 << 20;
 
 impl Default for Pipeline {
     fn default() -> Self {
@@ -175,6 +188,7 @@ impl Default for Pipeline {
             publish: Mutex::default(),
             sync_ns: AtomicU64::new(0),
             gather_threads_max: 4 * cores,
+            spare: Mutex::default(),
         }
     }
 }
@@ -332,12 +346,15 @@ impl Committer {
             std::thread::sleep(self.commit_delay);
         }
         let queued = self.gather_queue(may_gather);
-        let Some(batch) = self.sequence(queued) else {
+        let Some(mut batch) = self.sequence(queued) else {
             return self.release_gather();
         };
         let last_ts = batch.commits.last().map_or(0, |p| p.ts);
         let needs_sync = batch.commits.iter().any(|p| p.durability.needs_sync());
         let written = self.write_frames(&batch.frames, batch.first_lsn, last_ts);
+        if batch.frames.capacity() <= SPARE_FRAMES_MAX {
+            self.pipeline.spare.lock().frames = std::mem::take(&mut batch.frames);
+        }
         let result = written.and_then(|(file, end, path)| {
             if needs_sync {
                 let started = Instant::now();
@@ -372,7 +389,7 @@ impl Committer {
         let bound = self.pipeline.gather_bound();
         let wants_sync = || g.pending.iter().any(|q| q.req.durability.needs_sync());
         if !may_gather || g.returning.is_empty() || bound.is_zero() || !wants_sync() {
-            return std::mem::take(&mut g.pending);
+            return std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue));
         }
         let started = Instant::now();
         g.returning.retain(|(_, at)| *at + bound > started);
@@ -380,7 +397,7 @@ impl Committer {
         // wait grows with their number, and the pipelined fdatasync already halves the writers
         // into two full batches, so the gather is only for a few writers.
         if g.returning.is_empty() || g.returning.len() > self.pipeline.gather_threads_max {
-            return std::mem::take(&mut g.pending);
+            return std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue));
         }
         self.counters.gather_waits.fetch_add(1, Ordering::Relaxed);
         g.gathering = true;
@@ -405,15 +422,16 @@ impl Committer {
             break;
         }
         g.gathering = false;
-        std::mem::take(&mut g.pending)
+        std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue))
     }
 
     /// Validates and encodes the queued commits in order; answers the ones that conflict.
-    fn sequence(&self, queued: Vec<Queued>) -> Option<Batch> {
+    fn sequence(&self, mut queued: Vec<Queued>) -> Option<Batch> {
         let mut seq = self.sequencer.lock();
         let refused = self.refusal();
         let mut commits = Vec::with_capacity(queued.len());
-        let mut frames = Vec::new();
+        let mut frames = std::mem::take(&mut self.pipeline.spare.lock().frames);
+        frames.clear();
         let first_lsn = seq.next_lsn;
         // Conditions of log commands see every earlier commit: the published index (once the
         // batches before this one are published) and this batch's earlier writes.
@@ -424,7 +442,7 @@ impl Committer {
         }
         // Released after the sequencer lock: a pin may hold the last reference to a snapshot.
         let mut pins = Vec::new();
-        for Queued { req, waiter, pin } in queued {
+        for Queued { req, waiter, pin } in queued.drain(..) {
             pins.extend(pin);
             if let Some(failure) = &refused {
                 waiter.set(Slot::Done(Outcome::Failed(failure.clone())));
@@ -468,6 +486,7 @@ impl Committer {
         seq.next_batch += u64::from(!commits.is_empty());
         drop(seq);
         drop(pins);
+        self.pipeline.spare.lock().queue = queued;
         if commits.is_empty() {
             return None;
         }
