@@ -60,6 +60,8 @@ pub use error::{ConflictReason, Error, Location, Result};
 pub use graph::{Graph, GraphError};
 pub use history::{Change, ChangeKind};
 pub use install::InstallInfo;
+#[doc(hidden)]
+pub use options::TestHook;
 pub use options::{Durability, Isolation, Options, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use recovery::RecoveryReport;
 pub use txn::{CommitFuture, CommitInfo, ReadTxn, Scan, ScanRange, TxnStats, WriteTxn};

@@ -25,8 +25,6 @@ impl Inner {
         // fsync; sealing it (or deleting WAL on the strength of a new checkpoint) would turn a
         // torn tail into corruption of a sealed segment.
         self.committer.check_writable()?;
-        // Seal the current segment so that the WAL up to here can be deleted later.
-        self.committer.seal_segment()?;
         let view = self.published();
         let (snap, expected, applied) = view.acquire_with_digest();
         let release = scopeguard(|| view.release(snap));
@@ -36,6 +34,16 @@ impl Inner {
             let bytes = self.fs.open(&path, OpenMode::Read).and_then(|f| f.len()).unwrap_or(0);
             return Ok(CheckpointInfo { ts, path, bytes, entries: 0, segments_removed: 0 });
         }
+        self.options.checkpoint_step_hook.call();
+        // Seal the current segment (so the WAL up to here can be deleted later), and so make
+        // every frame of every commit in the snapshot durable before the checkpoint exists:
+        // each was written before it became visible, the roll fdatasyncs the segment, and
+        // every older segment was synced when it was sealed. Sealed before the snapshot was
+        // taken instead, a relaxed commit landing in between was in the checkpoint but only in
+        // the page cache's WAL; a power loss then left a checkpoint ahead of the log, the next
+        // commits followed the log's end with a gap in timestamps, and the open after that
+        // refused the store (design/recovery.md, "A checkpoint ahead of the log").
+        self.committer.seal_segment()?;
         let tables = {
             let catalog = view.catalog.read();
             let mut ts: Vec<_> = catalog.all().into_iter().filter(|t| t.visible_at(snap)).collect();

@@ -145,6 +145,29 @@ pub struct Options {
     /// [`Database::retain_history_since`](crate::Database::retain_history_since) compacts it.
     /// History lives in memory and starts at the state recovered by open.
     pub keep_history: bool,
+    /// Test instrumentation, not a stable API: called by `checkpoint` between choosing the
+    /// snapshot it writes and making the WAL durable through it (so a test can commit there).
+    #[doc(hidden)]
+    pub checkpoint_step_hook: TestHook,
+}
+
+/// A callback for tests (see [`Options::checkpoint_step_hook`]); does nothing by default.
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct TestHook(pub Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl TestHook {
+    pub(crate) fn call(&self) {
+        if let Some(f) = &self.0 {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for TestHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "TestHook(set)" } else { "TestHook(none)" })
+    }
 }
 
 impl Default for Options {
@@ -162,6 +185,7 @@ impl Default for Options {
             cpu_accounting: true,
             background_threads: true,
             keep_history: false,
+            checkpoint_step_hook: TestHook::default(),
         }
     }
 }
