@@ -127,9 +127,8 @@ fn async_commit(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
 #[cfg(feature = "surrealkv")]
 mod surrealkv_async {
     use std::path::Path;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use anyhow::Context;
     use surrealkv::{Durability, TreeBuilder};
@@ -139,44 +138,26 @@ mod surrealkv_async {
     pub fn tasks(dir: &Path, tasks: u64, window: Duration) -> anyhow::Result<(u64, f64)> {
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().context("building a tokio runtime")?;
-        let committed = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicBool::new(false));
-        let secs = runtime.block_on(async {
+        runtime.block_on(async {
             let tree = Arc::new(
                 TreeBuilder::new().with_path(dir.join("store")).build_async().await.context("opening surrealkv")?,
             );
-            let started = Instant::now();
-            let mut handles = Vec::new();
-            for t in 0..tasks {
-                let (tree, committed, failed) = (Arc::clone(&tree), Arc::clone(&committed), Arc::clone(&failed));
-                handles.push(tokio::spawn(async move {
-                    let mut i = 0u64;
-                    while started.elapsed() < window && !failed.load(Ordering::Relaxed) {
-                        let outcome = async {
-                            let mut tx = tree.begin()?;
-                            tx.set_durability(Durability::Immediate);
-                            tx.set(mix64((t + 2_000_000) << 40 | i).to_be_bytes().to_vec(), vec![3u8; 100])?;
-                            tx.commit().await
-                        };
-                        match outcome.await {
-                            Ok(()) => {
-                                committed.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => failed.store(true, Ordering::Relaxed),
-                        }
-                        i += 1;
+            let driven = {
+                let tree = Arc::clone(&tree);
+                super::drive_tasks(tasks, window, move |t, i| {
+                    let tree = Arc::clone(&tree);
+                    async move {
+                        let mut tx = tree.begin()?;
+                        tx.set_durability(Durability::Immediate);
+                        tx.set(mix64((t + 2_000_000) << 40 | i).to_be_bytes().to_vec(), vec![3u8; 100])?;
+                        tx.commit().await
                     }
-                }));
-            }
-            for h in handles {
-                let _ = h.await;
-            }
-            let secs = started.elapsed().as_secs_f64();
+                })
+                .await
+            };
             tree.close().await.context("closing surrealkv")?;
-            anyhow::Ok(secs)
-        })?;
-        anyhow::ensure!(!failed.load(Ordering::Relaxed), "a surrealkv async commit failed");
-        Ok((committed.load(Ordering::Relaxed), secs))
+            driven.context("a surrealkv async commit failed")
+        })
     }
 }
 
@@ -213,40 +194,65 @@ fn blocking_threads(db: &Database, threads: u64, window: Duration) -> anyhow::Re
 fn async_tasks(db: &Database, tasks: u64, window: Duration) -> anyhow::Result<(u64, u64, f64)> {
     let runtime = tokio::runtime::Builder::new_current_thread().build().context("building a tokio runtime")?;
     let syncs_before = db.stats().wal_syncs;
+    let handle = db.clone();
+    let (commits, secs) = runtime
+        .block_on(drive_tasks(tasks, window, move |t, i| {
+            let db = handle.clone();
+            async move {
+                let mut tx = db.begin_write()?;
+                tx.put("a", &mix64((t + 1_000_000) << 40 | i).to_be_bytes(), &[2u8; 100])?;
+                tx.commit_async().await.map(|_| ())
+            }
+        }))
+        .context("an async commit failed")?;
+    Ok((commits, db.stats().wal_syncs - syncs_before, secs))
+}
+
+/// Runs `tasks` tasks on the current runtime, each awaiting `commit(task, i)` for i = 0, 1, ...
+/// until `window` has passed or any commit failed. Returns the commits made and the seconds
+/// taken, or the first failure.
+async fn drive_tasks<F, Fut, E>(tasks: u64, window: Duration, commit: F) -> anyhow::Result<(u64, f64)>
+where
+    F: Fn(u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), E>> + Send,
+    E: std::fmt::Display + Send + 'static,
+{
     let committed = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-    runtime.block_on(async {
-        let mut handles = Vec::new();
-        for t in 0..tasks {
-            let (db, committed, failed) = (db.clone(), Arc::clone(&committed), Arc::clone(&failed));
-            handles.push(tokio::spawn(async move {
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (commit, committed, failed) = (commit.clone(), Arc::clone(&committed), Arc::clone(&failed));
+            tokio::spawn(async move {
                 let mut i = 0u64;
                 while started.elapsed() < window && !failed.load(Ordering::Relaxed) {
-                    let outcome = match db.begin_write() {
-                        Ok(mut tx) => match tx.put("a", &mix64((t + 1_000_000) << 40 | i).to_be_bytes(), &[2u8; 100]) {
-                            Ok(()) => tx.commit_async().await.map(|_| ()),
-                            Err(e) => Err(e),
-                        },
-                        Err(e) => Err(e),
-                    };
-                    match outcome {
+                    match commit(t, i).await {
                         Ok(()) => {
                             committed.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(_) => failed.store(true, Ordering::Relaxed),
+                        Err(e) => {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(e.to_string());
+                        }
                     }
                     i += 1;
                 }
-            }));
+                Ok(())
+            })
+        })
+        .collect();
+    let mut first_error = None;
+    for h in handles {
+        let outcome = h.await.map_err(|e| e.to_string()).and_then(|r| r);
+        if let Err(e) = outcome {
+            first_error.get_or_insert(e);
         }
-        for h in handles {
-            let _ = h.await;
-        }
-    });
-    anyhow::ensure!(!failed.load(Ordering::Relaxed), "an async commit failed");
+    }
     let secs = started.elapsed().as_secs_f64();
-    Ok((committed.load(Ordering::Relaxed), db.stats().wal_syncs - syncs_before, secs))
+    match first_error {
+        Some(e) => Err(anyhow::anyhow!(e)),
+        None => Ok((committed.load(Ordering::Relaxed), secs)),
+    }
 }
 
 /// Resident set size of this process in bytes (Linux `VmRSS`; 0 elsewhere).

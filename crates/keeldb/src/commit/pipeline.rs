@@ -216,6 +216,11 @@ impl Pipeline {
         self.sync_ns.store(new, Ordering::Relaxed);
     }
 
+    /// Takes the gather queue, leaving the last batch's emptied queue in its place.
+    fn take_pending(&self, g: &mut Gather) -> Vec<Queued> {
+        std::mem::replace(&mut g.pending, std::mem::take(&mut self.spare.lock().queue))
+    }
+
     /// How long a leader may wait for returning committers: half a typical fdatasync (so a
     /// wait that finds nobody costs at most half a commit's latency, once), at most
     /// [`GATHER_MAX`].
@@ -389,7 +394,7 @@ impl Committer {
         let bound = self.pipeline.gather_bound();
         let wants_sync = || g.pending.iter().any(|q| q.req.durability.needs_sync());
         if !may_gather || g.returning.is_empty() || bound.is_zero() || !wants_sync() {
-            return std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue));
+            return self.pipeline.take_pending(&mut g);
         }
         let started = Instant::now();
         g.returning.retain(|(_, at)| *at + bound > started);
@@ -397,7 +402,7 @@ impl Committer {
         // wait grows with their number, and the pipelined fdatasync already halves the writers
         // into two full batches, so the gather is only for a few writers.
         if g.returning.is_empty() || g.returning.len() > self.pipeline.gather_threads_max {
-            return std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue));
+            return self.pipeline.take_pending(&mut g);
         }
         self.counters.gather_waits.fetch_add(1, Ordering::Relaxed);
         g.gathering = true;
@@ -422,7 +427,7 @@ impl Committer {
             break;
         }
         g.gathering = false;
-        std::mem::replace(&mut g.pending, std::mem::take(&mut self.pipeline.spare.lock().queue))
+        self.pipeline.take_pending(&mut g)
     }
 
     /// Validates and encodes the queued commits in order; answers the ones that conflict.
