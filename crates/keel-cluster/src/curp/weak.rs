@@ -222,15 +222,14 @@ impl Weak {
             }
         }
         let sm = Arc::clone(&node.sm);
-        tokio::task::spawn_blocking(move || {
+        crate::etcd_api::read_off_runtime(true, move || {
             let (mut txn, current) = sm.read_at(0)?;
             let req = etcd_client::proto::PbRangeRequest { key, ..Default::default() };
             let resp = crate::mvcc::range(&mut txn, &req, current)?;
             let value = resp.kvs.into_iter().next().map(|kv| (kv.value, kv.mod_revision));
             Ok::<_, crate::types::ApplyError>(Read { value, pending: false, revision: current, applied_through })
         })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
+        .await?
         .map_err(crate::etcd_api::apply_status)
     }
 }
