@@ -17,6 +17,7 @@ pub mod log_store;
 pub mod mvcc;
 pub mod network;
 pub mod node;
+mod rounds;
 pub mod snapshot_file;
 pub mod state_machine;
 pub mod status_client;

@@ -30,7 +30,7 @@ use crate::tls::PeerTls;
 use crate::types::{Member, Raft, Request, Response, TypeConfig};
 
 /// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum NodeError {
     /// No leader is known (election in progress, or no quorum).
     #[error("etcdserver: no leader")]
@@ -76,6 +76,10 @@ pub struct Node {
     pub stopping: tokio::sync::watch::Sender<bool>,
     /// Why the member stopped on its own (Raft hit a storage error), if it did.
     pub fatal: Mutex<Option<String>>,
+    /// The read-index rounds this member's linearizable reads share (`rounds`).
+    read_rounds: crate::rounds::Rounds<Result<u64, NodeError>>,
+    /// This member, for the task that runs those rounds.
+    me: std::sync::Weak<Node>,
 }
 
 fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
@@ -296,7 +300,9 @@ impl Node {
                 }
             });
         }
-        let node = Arc::new(Node {
+        let node = Arc::new_cyclic(|me| Node {
+            me: me.clone(),
+            read_rounds: Default::default(),
             id,
             cluster_id,
             request_timeout: config.election_timeout * 5,
@@ -509,18 +515,30 @@ impl Node {
         }
     }
 
-    /// Waits until a linearizable read may be served from the local state machine.
+    /// Waits until a linearizable read may be served from the local state machine. The read
+    /// index comes from a round shared with the other reads waiting on this member, one that
+    /// started after this read arrived (`rounds`).
     pub async fn read_barrier(&self) -> Result<(), NodeError> {
-        let index = match self.to_leader(PeerRequest::ReadIndex).await? {
-            PeerResponse::ReadIndex(i) => i,
-            other => return Err(NodeError::Other(format!("unexpected answer {other:?}"))),
+        let node = self.me.upgrade().ok_or(NodeError::Stopped)?;
+        let round = move || {
+            let node = Arc::clone(&node);
+            async move { node.fetch_read_index().await }
         };
+        let index = self.read_rounds.join(round).await.ok_or(NodeError::Stopped)??;
         let mut rx = self.sm.applied_tx.subscribe();
         let result = tokio::time::timeout(self.request_timeout, rx.wait_for(|applied| *applied >= index)).await;
         match result {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(NodeError::Stopped),
             Err(_) => Err(NodeError::Timeout),
+        }
+    }
+
+    /// One read-index round: the leader's read index, fetched now.
+    async fn fetch_read_index(&self) -> Result<u64, NodeError> {
+        match self.to_leader(PeerRequest::ReadIndex).await? {
+            PeerResponse::ReadIndex(i) => Ok(i),
+            other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
         }
     }
 
