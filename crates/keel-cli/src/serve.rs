@@ -47,9 +47,15 @@ pub struct ServeCommand {
     /// Time (in milliseconds) for an election to timeout.
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
-    /// Number of applied entries between snapshots (log compaction).
+    /// Number of applied entries between snapshots (log compaction); a floor, see
+    /// --snapshot-bytes-percent.
     #[arg(long, default_value_t = 10_000)]
     snapshot_count: u64,
+    /// A snapshot also waits until the entries applied since the last one carry this share of
+    /// its size, in percent: a snapshot writes the whole state, so its cost stays in proportion
+    /// to the writes. 0: --snapshot-count alone decides.
+    #[arg(long, default_value_t = 50)]
+    snapshot_bytes_percent: u64,
     /// Maximum client request size in bytes the server will accept.
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
@@ -127,6 +133,7 @@ impl ServeCommand {
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval),
             election_timeout: Duration::from_millis(self.election_timeout),
             snapshot_count: self.snapshot_count.max(1),
+            snapshot_bytes_percent: self.snapshot_bytes_percent,
             max_request_bytes: self.max_request_bytes,
             auth_token_ttl: Duration::from_secs(self.auth_token_ttl.max(1)),
             client_tls: TlsFiles {

@@ -136,8 +136,14 @@ pub struct ServeConfig {
     pub join_existing: bool,
     pub heartbeat_interval: Duration,
     pub election_timeout: Duration,
-    /// Applied entries between snapshots (etcd's `--snapshot-count`).
+    /// Applied entries between snapshots (etcd's `--snapshot-count`): a floor, see
+    /// `snapshot_bytes_percent`.
     pub snapshot_count: u64,
+    /// A snapshot also waits until the entries applied since the last one carry this share of
+    /// its size, in percent (`--snapshot-bytes-percent`, 50; 0: the count alone decides). A
+    /// snapshot writes the whole state, so this keeps its cost in proportion to the writes
+    /// (`state_machine::snapshot_due`).
+    pub snapshot_bytes_percent: u64,
     /// Largest request a client may send (etcd's `--max-request-bytes`).
     pub max_request_bytes: usize,
     /// How long an auth token stays valid (etcd's `--auth-token-ttl`, 300 s).
@@ -181,6 +187,7 @@ impl Default for ServeConfig {
             heartbeat_interval: Duration::from_millis(100),
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 10_000,
+            snapshot_bytes_percent: 50,
             max_request_bytes: 1536 * 1024,
             auth_token_ttl: Duration::from_secs(crate::auth::TOKEN_TTL_S),
             client_tls: TlsFiles::default(),

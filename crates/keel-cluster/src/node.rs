@@ -49,6 +49,44 @@ pub enum NodeError {
     Other(String),
 }
 
+/// Triggers a snapshot whenever [`crate::state_machine::snapshot_due`] says one is due,
+/// checked after every applied batch, until the member stops. A trigger while a build runs is
+/// ignored by openraft; it is not repeated for the same snapshot within a second.
+async fn snapshot_policy(node: Arc<Node>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut applied = node.sm.applied_tx.subscribe();
+    let mut stopping = node.stopping.subscribe();
+    let mut last_trigger: Option<(Option<u64>, tokio::time::Instant)> = None;
+    loop {
+        let changed = tokio::select! {
+            c = applied.changed() => c.is_ok(),
+            _ = stopping.wait_for(|s| *s) => false,
+        };
+        if !changed {
+            return;
+        }
+        let applied_index = *applied.borrow_and_update();
+        let snapshot_index = node.raft.metrics().borrow_watched().snapshot.map(|l| l.index);
+        let entries_since = applied_index.saturating_sub(snapshot_index.unwrap_or(0));
+        let bytes_since = node.sm.applied_bytes.load(Relaxed).saturating_sub(node.sm.snapshot_mark.load(Relaxed));
+        let due = crate::state_machine::snapshot_due(
+            entries_since,
+            bytes_since,
+            node.sm.snaps.current_len(),
+            node.config.snapshot_count,
+            node.config.snapshot_bytes_percent,
+        );
+        let recently =
+            last_trigger.is_some_and(|(at, when)| at == snapshot_index && when.elapsed() < Duration::from_secs(1));
+        if due && !recently {
+            last_trigger = Some((snapshot_index, tokio::time::Instant::now()));
+            if node.raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// The member's identity file: which cluster and member a data directory belongs to.
 const IDENTITY: &str = "identity";
 
@@ -269,7 +307,9 @@ impl Node {
             heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
             election_timeout_min: election_ms,
             election_timeout_max: election_ms * 2,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_count),
+            // Snapshots are triggered by `snapshot_policy` below: a count alone would export
+            // the whole state every `snapshot_count` entries, whatever its size.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: 1000,
             install_snapshot_timeout: 60_000,
             // Snapshot files travel in chunks of this size (`network.rs`).
@@ -364,6 +404,8 @@ impl Node {
         });
         // Follows leadership: holds lease deadlines while leading and revokes expired leases.
         tokio::spawn(crate::lease::run(Arc::clone(&node)));
+        // Decides when to build a snapshot (openraft's own policy is off: `snapshot_due`).
+        tokio::spawn(snapshot_policy(Arc::clone(&node)));
         // A new cluster's members propose the initial membership once, while their log is
         // empty: a fresh data directory, or one made by `keel snapshot restore` (state, no log).
         if log_was_empty && !node.config.join_existing {

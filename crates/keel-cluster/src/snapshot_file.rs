@@ -228,6 +228,8 @@ pub struct Snapshots {
     /// so that a build and an install finishing together never put an older snapshot over a
     /// newer one.
     current: Mutex<Option<SnapshotMeta>>,
+    /// `current`'s size in bytes (0: none), for the snapshot policy (`snapshot_due`).
+    current_len: AtomicU64,
 }
 
 impl Snapshots {
@@ -241,10 +243,22 @@ impl Snapshots {
                 fs.remove_file(&dir.join(name))?;
             }
         }
-        let snaps = Snapshots { fs, dir: dir.to_path_buf(), seq: AtomicU64::new(0), current: Mutex::new(None) };
-        let meta = snaps.current()?.map(|(m, _)| m);
-        *snaps.current.lock() = meta;
+        let snaps = Snapshots {
+            fs,
+            dir: dir.to_path_buf(),
+            seq: AtomicU64::new(0),
+            current: Mutex::new(None),
+            current_len: AtomicU64::new(0),
+        };
+        let current = snaps.current()?;
+        snaps.current_len.store(current.as_ref().map_or(0, |(_, f)| f.len), Ordering::Relaxed);
+        *snaps.current.lock() = current.map(|(m, _)| m);
         Ok(snaps)
+    }
+
+    /// The size of `current` in bytes (0: there is none).
+    pub fn current_len(&self) -> u64 {
+        self.current_len.load(Ordering::Relaxed)
     }
 
     /// The directory's path.
@@ -315,6 +329,7 @@ impl Snapshots {
         snap.temp = None;
         self.fs.sync_dir(&self.dir)?;
         *current = Some(meta.clone());
+        self.current_len.store(snap.len, Ordering::Relaxed);
         Ok(true)
     }
 }

@@ -202,3 +202,70 @@ async fn damaged_short_and_cut_snapshot_transfers_install_nothing_and_the_retry_
         s.stop().await;
     }
 }
+
+/// The snapshot index `node` has, once no build is running: triggered builds finish first.
+async fn settled_snapshot(node: &keel_cluster::node::Node) -> Option<u64> {
+    let mut last = node.raft.metrics().borrow_watched().snapshot.map(|l| l.index);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = node.raft.metrics().borrow_watched().snapshot.map(|l| l.index);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// With the default `snapshot_bytes_percent` (50), a snapshot of a large state is not
+/// rebuilt every `snapshot_count` entries: it waits until the entries since carry half its
+/// size (a snapshot writes the whole state). With the count alone (the policy before), the
+/// 400 small writes below would have exported the 3 MB state eight times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_state_is_exported_again_only_after_writes_of_half_its_size() {
+    let _serial = SERIAL.lock().await;
+    faults::set_snapshot_fault(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(43);
+    let names = ["b1"];
+    let cfg = ServeConfig { snapshot_bytes_percent: 50, ..config(dir.path(), &ip, &names, 0) };
+    assert_eq!(cfg.snapshot_count, 50);
+    let server = start_retrying(cfg.clone()).await;
+    let servers = [Some(server)];
+    wait_leader(&servers).await;
+    let node = &servers[0].as_ref().unwrap().node;
+    let mut c = Client::connect([format!("http://{ip}:24790")], None).await.unwrap();
+    let big = vec![b'x'; 16 * 1024];
+    for k in 0..200 {
+        c.put(format!("big{k:03}"), big.clone(), None).await.unwrap();
+    }
+    // A snapshot of everything so far, so the writes below are measured from it (a trigger
+    // while another build runs is ignored: trigger again until one covers it all).
+    let applied = node.raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.raft.metrics().borrow_watched().snapshot.is_none_or(|l| l.index < applied) {
+        assert!(Instant::now() < deadline, "no snapshot of the big values");
+        node.raft.trigger().snapshot().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = settled_snapshot(node).await;
+    let len = std::fs::metadata(snap_dir(&cfg).join("current")).unwrap().len();
+    assert!(len > 200 * 16 * 1024, "the snapshot holds the big values ({len} bytes)");
+
+    // 400 entries of a few bytes: eight times the count, a tiny share of the snapshot's size.
+    for n in 0..400 {
+        c.put("small", format!("{n}"), None).await.unwrap();
+    }
+    assert_eq!(settled_snapshot(node).await, before, "small writes re-exported the large state");
+
+    // Writes carrying more than half the snapshot's bytes: now one is due.
+    for k in 0..120 {
+        c.put(format!("big{k:03}"), big.clone(), None).await.unwrap();
+    }
+    eventually(30, "a new snapshot after writes of half its size", || {
+        node.raft.metrics().borrow_watched().snapshot.map(|l| l.index) > before
+    })
+    .await;
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+}

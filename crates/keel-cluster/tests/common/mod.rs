@@ -47,6 +47,9 @@ pub fn member_config(
         heartbeat_interval: Duration::from_millis(50),
         election_timeout: Duration::from_millis(400),
         snapshot_count: 50,
+        // The count alone: the fault tests want snapshots (and installs) often, whatever the
+        // state's size. `cluster_snapshots` tests the default share.
+        snapshot_bytes_percent: 0,
         max_request_bytes: 64 * 1024,
         ..ServeConfig::default()
     }
