@@ -511,3 +511,72 @@ fn torn_header_of_the_newest_segment_is_dropped() {
     assert!(db.recovery_report().torn_tail.is_some());
     assert_eq!(count(&db), 5);
 }
+
+/// A store written before 189d312 could hold a checkpoint ahead of its log: a power loss kept a
+/// checkpoint at C and lost the frames of its last commits, the open resumed the log at its end E
+/// and the next commit's frame (C + 1) followed frame E. Such a store must open, with every
+/// commit, as long as the checkpoint that holds the gap is the one loaded; with that checkpoint
+/// corrupt (an older one loaded), the gap is lost commits and the open must refuse it.
+#[test]
+fn a_log_gap_the_loaded_checkpoint_holds_is_accepted_and_no_other() {
+    let t = TestDir::new();
+    let path = t.path();
+    let db = open(&path);
+    for i in 0..5u32 {
+        put(&db, "t", format!("k{i}").as_bytes(), b"v");
+    }
+    db.checkpoint().unwrap();
+    put(&db, "t", b"k5", b"v");
+    let seg = newest_segment(&path);
+    let first_lost = put(&db, "t", b"k6", b"v");
+    let last_lost = put(&db, "t", b"k7", b"v");
+    let c2 = db.checkpoint().unwrap();
+    assert_eq!(c2.ts, last_lost);
+    db.close().unwrap();
+    std::fs::remove_file(path.join("CLOSED")).unwrap();
+    // The old bug's power loss: the frames of k6 and k7 never reached the disk, nor anything
+    // after them (the segment the checkpoint started, with the close mark); the checkpoint
+    // holding them did.
+    remove_empty_segments_after(&path, &seg);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let frames = frame_offsets(&bytes);
+    assert_eq!(frames.len(), 3, "k5, k6, k7");
+    bytes[frames[1]..].fill(0); // as the preallocated space was before they were written
+    std::fs::write(&seg, &bytes).unwrap();
+    // The open the old bug allowed, and the commit that made the gap: its frame follows k5's in
+    // the same segment.
+    let db = open(&path);
+    assert_eq!(count(&db), 8);
+    let after = put(&db, "t", b"k8", b"v");
+    assert_eq!(after, c2.ts + 1);
+    drop(db);
+    assert_eq!(newest_segment(&path), seg, "the gap is inside one segment");
+
+    let saved = TestDir::new();
+    std::fs::create_dir_all(saved.path()).unwrap();
+    for p in files(&path, "") {
+        if p.file_name().unwrap() != "LOCK" {
+            std::fs::copy(&p, saved.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    assert!(keeldb::verify(&path).unwrap().is_intact(), "verify refuses the covered gap");
+    let db = open(&path);
+    let r = db.recovery_report();
+    assert_eq!(r.gap_covered, Some((first_lost, last_lost)), "{r}");
+    assert_eq!(count(&db), 9, "{r}");
+    assert_eq!(get(&db, "t", b"k7").as_deref(), Some(&b"v"[..]));
+    assert_eq!(get(&db, "t", b"k8").as_deref(), Some(&b"v"[..]));
+    put(&db, "t", b"k9", b"v");
+    db.close().unwrap();
+    assert_eq!(count(&open(&path)), 10);
+
+    // The same files with the checkpoint at k7 corrupt: the older checkpoint cannot hold the
+    // gap, so the open refuses the store rather than lose k6 and k7.
+    let newest = files(&saved.path(), "checkpoint-").into_iter().max().unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    std::fs::write(&newest, &bytes).unwrap();
+    let err = Database::open(saved.path(), opts(Durability::Sync)).unwrap_err();
+    assert!(matches!(err, Error::Corruption { .. }), "{err}");
+}
