@@ -57,16 +57,26 @@ async fn snapshot_policy(node: Arc<Node>) {
     let mut applied = node.sm.applied_tx.subscribe();
     let mut stopping = node.stopping.subscribe();
     let mut last_trigger: Option<(Option<u64>, tokio::time::Instant)> = None;
+    // Also looks once a second: a trigger that came while a build ran was dropped, and no
+    // further apply may come to look again.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let changed = tokio::select! {
             c = applied.changed() => c.is_ok(),
+            _ = tick.tick() => true,
             _ = stopping.wait_for(|s| *s) => false,
         };
         if !changed {
             return;
         }
         let applied_index = *applied.borrow_and_update();
-        let snapshot_index = node.raft.metrics().borrow_watched().snapshot.map(|l| l.index);
+        // The snapshot file's own index as well as openraft's: an install makes its file
+        // `current` before its state applies, and openraft reports it only after; reading only
+        // openraft's, the applies of an install looked like entries since no snapshot, and a
+        // full build followed every install.
+        let snapshot_index =
+            node.sm.snaps.current_index().max(node.raft.metrics().borrow_watched().snapshot.map(|l| l.index));
         let entries_since = applied_index.saturating_sub(snapshot_index.unwrap_or(0));
         let bytes_since = node.sm.applied_bytes.load(Relaxed).saturating_sub(node.sm.snapshot_mark.load(Relaxed));
         let due = crate::state_machine::snapshot_due(

@@ -256,6 +256,12 @@ impl Snapshots {
         Ok(snaps)
     }
 
+    /// The last log index `current` holds (None: there is none). Set as soon as a snapshot is
+    /// made `current`, before an install has applied it.
+    pub fn current_index(&self) -> Option<u64> {
+        self.current.lock().as_ref().and_then(|m| m.last_log_id.map(|l| l.index))
+    }
+
     /// The size of `current` in bytes (0: there is none).
     pub fn current_len(&self) -> u64 {
         self.current_len.load(Ordering::Relaxed)

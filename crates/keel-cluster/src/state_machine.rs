@@ -108,6 +108,8 @@ pub struct Shared {
     /// was made (built or installed): the snapshot policy's measure ([`snapshot_due`]).
     pub applied_bytes: std::sync::atomic::AtomicU64,
     pub snapshot_mark: std::sync::atomic::AtomicU64,
+    /// Snapshots this member built since it opened (not installed ones).
+    pub snapshots_built: std::sync::atomic::AtomicU64,
 }
 
 /// Whether a new snapshot is due: `snapshot_count` entries have applied since the last one,
@@ -368,6 +370,7 @@ impl StateMachine {
                 on_curp_applied: parking_lot::RwLock::new(None),
                 applied_bytes: Default::default(),
                 snapshot_mark: Default::default(),
+                snapshots_built: Default::default(),
             }),
         };
         // The store is relaxed: after a power loss it may be older than the last snapshot,
@@ -610,6 +613,7 @@ impl StateMachine {
         if self.shared.snaps.promote(&mut file, &meta)? {
             self.shared.snapshot_mark.store(mark, std::sync::atomic::Ordering::Relaxed);
         }
+        self.shared.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok((meta, file))
     }
 }

@@ -136,6 +136,17 @@ async fn a_lagging_member_catches_up_through_a_snapshot_of_several_chunks_and_ke
     let node = &servers[lagging].as_ref().unwrap().node;
     let installed = node.raft.metrics().borrow_watched().snapshot;
     assert!(installed.is_some_and(|s| s.index > KEYS as u64 / 2), "caught up from a snapshot: {installed:?}");
+    // Fewer entries than the snapshot count followed the installed snapshot: the member must
+    // not export again what it just installed. (The policy once read openraft's snapshot
+    // index, which moves only after the install applied, and saw every installed entry as
+    // "since the last snapshot".)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let applied = node.raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index);
+    let after_install = applied - installed.map_or(0, |s| s.index);
+    if after_install < cfg.snapshot_count {
+        let built = node.sm.snapshots_built.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(built, 0, "a build followed the install ({after_install} entries after it)");
+    }
     let current = std::fs::metadata(snap_dir(&cfg).join("current")).unwrap().len();
     assert!(current > 3 * IO_CHUNK as u64, "a snapshot of several chunks ({current} bytes)");
     assert_eq!(temp_files(&cfg), Vec::<String>::new(), "no partial file left");
