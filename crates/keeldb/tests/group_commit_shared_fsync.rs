@@ -219,24 +219,34 @@ fn two_sync_writers_share_fdatasyncs() {
     // fdatasync. The gather waits for the writer whose commit was just published.
     let (_fs, db) = open_slow_sync(std::time::Duration::from_millis(2), Durability::Sync);
     let per = 100u32;
-    let before = db.stats();
-    let barrier = Barrier::new(2);
-    std::thread::scope(|s| {
-        for th in 0..2u32 {
-            let (db, barrier) = (&db, &barrier);
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..per {
-                    put(db, "t", format!("{th}-{i}").as_bytes(), b"v");
-                }
-            });
+    // Whether the returning writer comes back within the gather's bound depends on the
+    // scheduler: with the cores busy (the other tests of this binary) one attempt can miss.
+    // Up to three attempts; without the gather none of them shares (nearly no fdatasync
+    // carries both writers), so the check still fails without it.
+    let mut attempts = Vec::new();
+    for attempt in 0..3u32 {
+        let before = db.stats();
+        let barrier = Barrier::new(2);
+        std::thread::scope(|s| {
+            for th in 0..2u32 {
+                let (db, barrier) = (&db, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    for i in 0..per {
+                        put(db, "t", format!("{attempt}-{th}-{i}").as_bytes(), b"v");
+                    }
+                });
+            }
+        });
+        let after = db.stats();
+        let (commits, syncs) = (after.commits - before.commits, after.wal_syncs - before.wal_syncs);
+        let waits = after.gather_waits - before.gather_waits;
+        assert_eq!(commits, u64::from(2 * per));
+        // Counted, not timed: at least a fifth of the fdatasyncs carried both writers' commits.
+        if waits > 0 && syncs * 6 <= commits * 5 {
+            return;
         }
-    });
-    let after = db.stats();
-    let (commits, syncs) = (after.commits - before.commits, after.wal_syncs - before.wal_syncs);
-    assert_eq!(commits, u64::from(2 * per));
-    assert!(after.gather_waits > 0, "no leader waited for the other writer");
-    // Counted, not timed: at least a fifth of the fdatasyncs carried both writers' commits
-    // (without the gather, nearly none do).
-    assert!(syncs * 6 <= commits * 5, "{commits} commits took {syncs} fdatasyncs");
+        attempts.push((commits, syncs, waits));
+    }
+    panic!("no attempt shared fdatasyncs (commits, fdatasyncs, gather waits): {attempts:?}");
 }
