@@ -55,6 +55,19 @@ fn count(db: &Database) -> usize {
     scan_all(db, "t").len()
 }
 
+/// A copy of the store's files as they are now (not the lock file): what an open after a crash
+/// at this moment would see.
+fn copy_store(from: &Path) -> TestDir {
+    let to = TestDir::new();
+    std::fs::create_dir_all(to.path()).unwrap();
+    for p in files(from, "") {
+        if p.file_name().unwrap() != "LOCK" {
+            std::fs::copy(&p, to.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    to
+}
+
 #[test]
 fn torn_tail_is_truncated_and_reported() {
     let t = TestDir::new();
@@ -198,13 +211,7 @@ fn a_stale_frame_after_a_gap_is_never_replayed() {
     // Same key and value sizes as the lost frame 4: the new frame ends where frame 5 began.
     put(&db, "t", b"k4", b"new-value");
     // A process crash now: what the next open sees is exactly the files as they are.
-    let crashed = TestDir::new();
-    std::fs::create_dir_all(crashed.path()).unwrap();
-    for p in files(&t.path(), "") {
-        if p.file_name().unwrap() != "LOCK" {
-            std::fs::copy(&p, crashed.path().join(p.file_name().unwrap())).unwrap();
-        }
-    }
+    let crashed = copy_store(&t.path());
     drop(db);
     let db = Database::open(crashed.path(), opts(Durability::Sync)).unwrap();
     assert_eq!(get(&db, "t", b"k4").as_deref(), Some(&b"new-value"[..]));
@@ -552,13 +559,7 @@ fn a_log_gap_the_loaded_checkpoint_holds_is_accepted_and_no_other() {
     drop(db);
     assert_eq!(newest_segment(&path), seg, "the gap is inside one segment");
 
-    let saved = TestDir::new();
-    std::fs::create_dir_all(saved.path()).unwrap();
-    for p in files(&path, "") {
-        if p.file_name().unwrap() != "LOCK" {
-            std::fs::copy(&p, saved.path().join(p.file_name().unwrap())).unwrap();
-        }
-    }
+    let saved = copy_store(&path);
     assert!(keeldb::verify(&path).unwrap().is_intact(), "verify refuses the covered gap");
     let db = open(&path);
     let r = db.recovery_report();
