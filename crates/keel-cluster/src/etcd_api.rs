@@ -439,6 +439,17 @@ impl PbMaintenanceService for Api {
         // pieces, hashed on the way (the backup layout is in `backup.rs`); the file is removed
         // when the stream ends or the client goes. `keel snapshot restore` turns the stream
         // into the data directory of a new cluster.
+        //
+        // It first waits, as a linearizable read does, until this member has applied every
+        // write acknowledged before the request arrived, so a backup taken through a follower
+        // holds the writes its caller just made. A member that cannot reach a leader still
+        // exports what it has (a backup is most needed when the cluster is broken), and says so.
+        if let Err(e) = self.node.read_barrier().await {
+            eprintln!(
+                "keel: snapshot on member {:x} exported without a read barrier ({e}): it may miss the newest writes",
+                self.node.id
+            );
+        }
         let sm = std::sync::Arc::clone(&self.node.sm);
         let (_, file) = tokio::task::spawn_blocking(move || sm.export_snapshot("backup"))
             .await

@@ -302,8 +302,9 @@ async fn a_member_added_with_member_add_joins_with_state_existing_and_restarts()
     }
 }
 
-/// Backup and restore as etcd operators do it: `Maintenance.Snapshot` from a running member,
-/// then a new cluster made from the file. The keys, values and revision carry over; the old
+/// Backup and restore as etcd operators do it: `Maintenance.Snapshot` from a running member
+/// (after a read barrier when a leader answers, so a follower's backup holds every acknowledged
+/// write), then a new cluster made from the file. The keys, values and revision carry over; the old
 /// cluster's members do not. Garbage and an occupied data directory are refused and leave no
 /// member directory behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -316,20 +317,54 @@ async fn a_snapshot_saved_from_a_member_restores_into_a_new_cluster() {
     for i in 0..3 {
         servers.push(Some(start_retrying(config(dir.path(), &ip, &names, i)).await));
     }
-    wait_leader(&servers).await;
-    let mut c = client(&url(1)).await;
+    let leader = wait_leader(&servers).await;
+    let at = |id: u64| servers.iter().flatten().position(|s| s.node.id == id).unwrap();
+    let follower = (0..3).find(|&i| i != at(leader)).unwrap();
+    // Writes go to the leader, the snapshot comes from a follower: the backup holds every
+    // write acknowledged before it was asked for (the follower waits for a read barrier), even
+    // from a follower that was down when the write was made and has just restarted.
+    let mut w = client(&url(at(leader))).await;
     for k in 0..300 {
-        c.put(format!("k{k:03}"), format!("v{k}"), None).await.unwrap();
+        w.put(format!("k{k:03}"), format!("v{k}"), None).await.unwrap();
     }
-    let last = c.delete("k000", None).await.unwrap().header().unwrap().revision();
-    let mut stream = c.snapshot().await.unwrap();
-    let mut bytes = Vec::new();
-    let mut remaining = u64::MAX;
-    while let Some(chunk) = stream.message().await.unwrap() {
-        bytes.extend_from_slice(chunk.blob());
-        remaining = chunk.remaining_bytes();
+    let save = |c: &mut Client| {
+        let mut c = c.clone();
+        async move {
+            let mut stream = c.snapshot().await.unwrap();
+            let mut bytes = Vec::new();
+            let mut remaining = u64::MAX;
+            while let Some(chunk) = stream.message().await.unwrap() {
+                bytes.extend_from_slice(chunk.blob());
+                remaining = chunk.remaining_bytes();
+            }
+            assert_eq!(remaining, 0, "the stream says when it is complete");
+            bytes
+        }
+    };
+    let restored_revision = |bytes: &[u8]| {
+        let scratch = tempfile::tempdir().unwrap();
+        keel_cluster::restore_snapshot(&config(scratch.path(), &base_ip(6), &["probe"], 0), bytes).unwrap()
+    };
+    if let Some(s) = servers[follower].take() {
+        s.stop().await;
     }
-    assert_eq!(remaining, 0, "the stream says when it is complete");
+    let while_down = w.put("while-down", "x", None).await.unwrap().header().unwrap().revision();
+    servers[follower] = Some(start_retrying(config(dir.path(), &ip, &names, follower)).await);
+    let mut c = client(&url(follower)).await;
+    let bytes = save(&mut c).await;
+    assert_eq!(restored_revision(&bytes), while_down, "a restarted follower's backup holds the write it missed");
+    let last = w.delete("k000", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(restored_revision(&save(&mut c).await), last);
+    // A member left alone (no leader to give a read index) still exports what it has: a backup
+    // is most needed when the cluster is broken.
+    for (i, s) in servers.iter_mut().enumerate() {
+        if i != follower {
+            if let Some(s) = s.take() {
+                s.stop().await;
+            }
+        }
+    }
+    let bytes = save(&mut c).await;
     for s in servers.into_iter().flatten() {
         s.stop().await;
     }
