@@ -19,6 +19,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::digest::StateDigest;
+use crate::huge::HugePages;
 
 const INLINE: usize = 22;
 
@@ -173,6 +174,31 @@ pub(crate) use crate::types::FastMap;
 /// Copied-out `(key, value)` pairs, in scan order.
 pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// The slot slab and the hash table over it: the arrays a point read misses on, kept in huge
+/// pages once they reach 2 MiB (`huge.rs`).
+#[derive(Debug)]
+struct Slots(allocator_api2::vec::Vec<Slot, HugePages>);
+type SlotIndex = hashbrown::HashTable<u32, HugePages>;
+
+impl Default for Slots {
+    fn default() -> Self {
+        Slots(allocator_api2::vec::Vec::new_in(HugePages))
+    }
+}
+
+impl std::ops::Deref for Slots {
+    type Target = allocator_api2::vec::Vec<Slot, HugePages>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
 /// A key and the head of its version chain. Free slots have an empty key and no value.
 #[derive(Debug)]
 struct Slot {
@@ -232,9 +258,9 @@ impl GcState {
 /// of the same keys serves range scans.
 #[derive(Debug, Default)]
 pub(crate) struct TableData {
-    slots: Vec<Slot>,
+    slots: Slots,
     free: Vec<u32>,
-    index: hashbrown::HashTable<u32>,
+    index: SlotIndex,
     hasher: foldhash::fast::RandomState,
     order: BTreeSet<Key>,
     /// Keys whose head is a tombstone or that have older versions: the collector's work list.
@@ -346,7 +372,7 @@ impl TableData {
                 *f = true;
             }
         }
-        let mut index = hashbrown::HashTable::new();
+        let mut index = SlotIndex::new_in(HugePages);
         fill_index(&mut index, &self.hasher, &self.slots, &hashes, capacity.max(live), &free);
         debug_assert_eq!(index.len(), live, "the rebuilt table holds a different number of keys");
         self.index = index;
@@ -687,7 +713,7 @@ impl TableData {
 
     /// Every live entry at the newest version (used to update the digest when dropping).
     pub fn for_each_live(&self, mut f: impl FnMut(&[u8], &[u8])) {
-        for slot in &self.slots {
+        for slot in self.slots.iter() {
             if let Some(value) = slot.head.value.as_deref() {
                 f(slot.key.as_slice(), value);
             }
@@ -757,7 +783,7 @@ impl SortedLoad {
         let SortedLoad { mut data, hashes } = self;
         let TableData { slots, index, hasher, order: ordered_set, .. } = &mut data;
         let slots = &*slots;
-        let matches = |o: &KeyOrder| o.0.len() == slots.len() && o.0.iter().zip(slots).all(|(k, s)| *k == s.key);
+        let matches = |o: &KeyOrder| o.0.len() == slots.len() && o.0.iter().zip(slots.iter()).all(|(k, s)| *k == s.key);
         if let Some(o) = order.filter(matches) {
             if index.len() != slots.len() {
                 fill_index(index, hasher, slots, &hashes, hashes.len(), &[]);
@@ -809,7 +835,7 @@ impl KeyOrderBuilder {
 /// consecutive inserts touch neighbouring memory. Any order gives the same table; this one
 /// is only faster.
 fn fill_index(
-    index: &mut hashbrown::HashTable<u32>,
+    index: &mut SlotIndex,
     hasher: &foldhash::fast::RandomState,
     slots: &[Slot],
     hashes: &[u64],

@@ -142,7 +142,8 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
         // Tried first (pushed last): completed operations, earliest called first; real-time
         // order is almost always a linearization. Lost-answer operations last: "never" is
         // always allowed for them.
-        let order = candidates.iter().filter(|&&i| !completed[i]).chain(candidates.iter().filter(|&&i| completed[i]).rev());
+        let order =
+            candidates.iter().filter(|&&i| !completed[i]).chain(candidates.iter().filter(|&&i| completed[i]).rev());
         for &i in order {
             let e = &events[i];
             let next = match (&e.op, &e.out) {
