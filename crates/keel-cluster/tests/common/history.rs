@@ -96,8 +96,11 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
     let n = events.len();
     let completed: Vec<bool> = events.iter().map(|e| e.ret.is_some()).collect();
     let to_complete = completed.iter().filter(|c| **c).count();
-    // For a lost-answer operation, the previous one (by call) with the same effect.
-    let mut last_of: std::collections::HashMap<(u8, u64, u64), usize> = std::collections::HashMap::new();
+    // For a lost-answer operation: its group of operations with the same effect, and the
+    // previous one (by call) in that group.
+    let mut group_ids: std::collections::HashMap<(u8, u64, u64), usize> = std::collections::HashMap::new();
+    let mut last_in: Vec<usize> = Vec::new();
+    let mut group: Vec<Option<usize>> = vec![None; n];
     let mut before: Vec<Option<usize>> = vec![None; n];
     for (i, e) in events.iter().enumerate() {
         if e.out != Out::Unknown {
@@ -108,10 +111,31 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
             Op::Cas(exp, new) => (1, exp, new),
             Op::Get => continue,
         };
-        before[i] = last_of.insert(effect, i);
+        let next = group_ids.len();
+        let g = *group_ids.entry(effect).or_insert(next);
+        if g == last_in.len() {
+            last_in.push(i);
+        } else {
+            before[i] = Some(last_in[g]);
+            last_in[g] = i;
+        }
+        group[i] = Some(g);
     }
+    let groups = last_in.len();
     let words = n.div_ceil(64).max(1);
-    let mut visited: HashSet<(Vec<u64>, Option<u64>)> = HashSet::new();
+    let mut completed_mask = vec![0u64; words];
+    for i in (0..n).filter(|&i| completed[i]) {
+        completed_mask[i / 64] |= 1 << (i % 64);
+    }
+    // Visited states, keyed by (completed operations applied, register value), each with the
+    // per-group counts of lost-answer operations applied. A state that applied at least as many
+    // of every group as a visited one with the same key can do nothing that one could not:
+    // its remaining operations are a subset (by the group order, the earliest-called ones are
+    // what it lacks), the horizon depends only on completed operations, and "never" is always
+    // allowed for the lost ones. So it is skipped.
+    let mut visited: std::collections::HashMap<(Vec<u64>, Option<u64>), Vec<Vec<u16>>> =
+        std::collections::HashMap::new();
+    let mut states = 0usize;
     // Depth-first: (applied set, register value, completed operations applied).
     let mut stack: Vec<(Vec<u64>, Option<u64>, usize)> = vec![(vec![0; words], None, 0)];
     let mut candidates: Vec<usize> = Vec::new();
@@ -119,13 +143,23 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
         if finished == to_complete {
             return Verdict::Linearizable;
         }
-        if !visited.insert((done.clone(), value)) {
+        let is_done = |i: usize| done[i / 64] >> (i % 64) & 1 == 1;
+        let mut counts = vec![0u16; groups];
+        for i in (0..n).filter(|&i| is_done(i)) {
+            if let Some(g) = group[i] {
+                counts[g] += 1;
+            }
+        }
+        let key: Vec<u64> = done.iter().zip(&completed_mask).map(|(d, m)| d & m).collect();
+        let seen = visited.entry((key, value)).or_default();
+        if seen.iter().any(|old| old.iter().zip(&counts).all(|(o, c)| o <= c)) {
             continue;
         }
-        if visited.len() > budget {
+        seen.push(counts);
+        states += 1;
+        if states > budget {
             return Verdict::GaveUp;
         }
-        let is_done = |i: usize| done[i / 64] >> (i % 64) & 1 == 1;
         // The earliest return among completed operations not yet applied: nothing called
         // after it may go first.
         let horizon = (0..n).filter(|&i| completed[i] && !is_done(i)).filter_map(|i| events[i].ret).min();
@@ -162,6 +196,43 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
         }
     }
     Verdict::NotLinearizable
+}
+
+/// Reads back a history written by [`assert_linearizable`] (call and return in milliseconds,
+/// `-` for none, the operation and its outcome), for replaying a failure in a test.
+pub fn parse_dump(text: &str) -> Option<Vec<Event>> {
+    let base = Instant::now();
+    let at = |ms: &str| -> Option<Instant> { Some(base + Duration::from_secs_f64(ms.parse::<f64>().ok()? / 1000.0)) };
+    let num = |s: &str| s.trim().parse::<u64>().ok();
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut parts = line.split_whitespace();
+        let call = at(parts.next()?)?;
+        let ret = match parts.next()? {
+            "-" => None,
+            ms => Some(at(ms)?),
+        };
+        let rest: String = parts.collect::<Vec<_>>().join(" ");
+        let (op, outcome) = rest.split_once(" -> ")?;
+        let op = if op == "Get" {
+            Op::Get
+        } else if let Some(v) = op.strip_prefix("Put(").and_then(|x| x.strip_suffix(')')) {
+            Op::Put(num(v)?)
+        } else {
+            let (a, b) = op.strip_prefix("Cas(")?.strip_suffix(')')?.split_once(',')?;
+            Op::Cas(num(a)?, num(b)?)
+        };
+        let outcome = match outcome {
+            "Ok" => Out::Ok,
+            "Unknown" => Out::Unknown,
+            "Value(None)" => Out::Value(None),
+            "Swapped(true)" => Out::Swapped(true),
+            "Swapped(false)" => Out::Swapped(false),
+            v => Out::Value(Some(num(v.strip_prefix("Value(Some(")?.strip_suffix("))")?)?)),
+        };
+        out.push(Event { key: 0, op, out: outcome, call, ret });
+    }
+    Some(out)
 }
 
 /// Checks every key's history; panics naming the seed and the first key that fails.
