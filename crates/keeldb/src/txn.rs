@@ -407,7 +407,7 @@ impl WriteTxn {
                     Vec::new()
                 } else {
                     tw.writes
-                        .range::<Vec<u8>, _>((resolved.start.clone(), resolved.end.clone()))
+                        .range((resolved.start.clone(), resolved.end.clone()))
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect()
                 };

@@ -21,6 +21,7 @@ mod pipeline;
 mod replace;
 pub(crate) mod request;
 mod waiter;
+pub(crate) mod write_set;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::conflicts::ConflictIndex;
+use super::write_set::WriteSet;
 use crate::index::KeyRange;
 use crate::options::{Durability, Isolation};
 use crate::types::{FastMap, LogPosition};
@@ -20,7 +21,7 @@ pub(crate) struct TableWrites {
     /// The transaction dropped the table as it was in its snapshot; `writes` go to a new one.
     pub dropped: bool,
     /// Key to new value (`None` deletes).
-    pub writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub writes: WriteSet,
 }
 
 /// Something a serializable transaction read, validated at commit.
@@ -53,7 +54,7 @@ pub(crate) struct TableApply {
     pub create: bool,
     /// 0 when the commit only deletes in a table that does not exist (nothing to apply).
     pub id: u32,
-    pub writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub writes: WriteSet,
 }
 
 /// The sequencer's state, behind the committer's sequencer lock.
