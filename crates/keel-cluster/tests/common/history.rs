@@ -36,6 +36,10 @@ pub struct Event {
     pub ret: Option<Instant>,
 }
 
+/// Visited search states: (completed operations applied, register value) to the per-group
+/// counts of lost-answer operations applied in each visit.
+type Visited = std::collections::HashMap<(Vec<u64>, Option<u64>), Vec<Vec<u16>>>;
+
 /// A value no operation of the history ever compares against (see [`check`]).
 const UNSEEN: u64 = u64::MAX - 1;
 
@@ -133,8 +137,7 @@ pub fn check(events: &[Event], budget: usize) -> Verdict {
     // its remaining operations are a subset (by the group order, the earliest-called ones are
     // what it lacks), the horizon depends only on completed operations, and "never" is always
     // allowed for the lost ones. So it is skipped.
-    let mut visited: std::collections::HashMap<(Vec<u64>, Option<u64>), Vec<Vec<u16>>> =
-        std::collections::HashMap::new();
+    let mut visited: Visited = std::collections::HashMap::new();
     let mut states = 0usize;
     // Depth-first: (applied set, register value, completed operations applied).
     let mut stack: Vec<(Vec<u64>, Option<u64>, usize)> = vec![(vec![0; words], None, 0)];
