@@ -595,12 +595,16 @@ impl Run<'_> {
 }
 
 /// Seeds to run: `KEEL_SIM_SEED=<n>` replays one; otherwise `count` seeds from `base`
-/// (`KEEL_SIM_ITERS=<n>` overrides the count for longer soaks).
+/// (`KEEL_SIM_ITERS=<n>` overrides the count for longer soaks). The simulation is deterministic
+/// per seed, so a soak repeated with the same count repeats the same schedules:
+/// `KEEL_SIM_OFFSET=<n>` shifts every test's base by n to explore new ones.
 pub fn seeds(base: u64, count: u64) -> Vec<u64> {
-    if let Some(seed) = std::env::var("KEEL_SIM_SEED").ok().and_then(|s| s.trim().parse().ok()) {
+    let env = |name: &str| std::env::var(name).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(seed) = env("KEEL_SIM_SEED") {
         return vec![seed];
     }
-    let n = std::env::var("KEEL_SIM_ITERS").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(count);
+    let n = env("KEEL_SIM_ITERS").unwrap_or(count);
+    let base = base.wrapping_add(env("KEEL_SIM_OFFSET").unwrap_or(0));
     (0..n).map(|i| base.wrapping_add(i)).collect()
 }
 
