@@ -95,7 +95,7 @@ impl WriteSet {
     pub fn iter(&self) -> Iter<'_> {
         match self {
             WriteSet::Sorted(v) => Iter::Sorted(v.iter()),
-            WriteSet::Tree(m) => Iter::Tree(m.iter()),
+            WriteSet::Tree(m) => Iter::Tree(m.range::<Vec<u8>, _>(..)),
         }
     }
 
@@ -132,7 +132,7 @@ impl WriteSet {
                 };
                 Iter::Sorted(v.get(lo..hi.max(lo)).unwrap_or_default().iter())
             }
-            WriteSet::Tree(m) => Iter::Range(m.range::<Vec<u8>, _>(bounds)),
+            WriteSet::Tree(m) => Iter::Tree(m.range::<Vec<u8>, _>(bounds)),
         }
     }
 }
@@ -140,8 +140,7 @@ impl WriteSet {
 /// See [`WriteSet::iter`].
 pub(crate) enum Iter<'a> {
     Sorted(std::slice::Iter<'a, Entry>),
-    Tree(btree_map::Iter<'a, Vec<u8>, Value>),
-    Range(btree_map::Range<'a, Vec<u8>, Value>),
+    Tree(btree_map::Range<'a, Vec<u8>, Value>),
 }
 
 impl<'a> Iterator for Iter<'a> {
@@ -151,7 +150,6 @@ impl<'a> Iterator for Iter<'a> {
         match self {
             Iter::Sorted(i) => i.next().map(|(k, v)| (k, v)),
             Iter::Tree(i) => i.next(),
-            Iter::Range(i) => i.next(),
         }
     }
 }
