@@ -1,7 +1,7 @@
 //! The in-memory MVCC index: tables of version chains.
 //!
 //! Each table keeps a hash map from key to version chain (point reads cost one hash lookup,
-//! whatever the table size) and an ordered set of the same keys (range scans). A chain is
+//! whatever the table size) and the same keys' slots in key order (range scans). A chain is
 //! newest-first, so a reader at the latest snapshot stops at the head: read cost does not grow
 //! with chain depth. Versions no live snapshot can see are pruned when a key is written and by
 //! the background collector.
@@ -10,7 +10,6 @@
 //! timestamp, and only the group-commit leader (or recovery) applies writes.
 
 use std::borrow::Borrow;
-use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +19,7 @@ use parking_lot::RwLock;
 
 use crate::digest::StateDigest;
 use crate::huge::HugePages;
+use crate::order::SlotOrder;
 
 const INLINE: usize = 22;
 
@@ -88,8 +88,8 @@ impl PartialOrd for Key {
 }
 impl Ord for Key {
     /// Byte order. Two inline keys (the common case: keys up to 22 bytes) compare as three
-    /// words and a length instead of through `memcmp`; range scans' order and B-tree inserts
-    /// spend most of their time here.
+    /// words and a length instead of through `memcmp`; fence lookups and sorts spend most of
+    /// their time here.
     #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         match (self, other) {
@@ -254,15 +254,15 @@ impl GcState {
 ///
 /// Layout, chosen for memory per key and cache misses per point read: the chains live in a
 /// dense slab (`slots`), a hash table maps a key to its slot number (4 bytes a bucket, so the
-/// table stays cache-resident far longer than one holding whole entries), and an ordered set
-/// of the same keys serves range scans.
+/// table stays cache-resident far longer than one holding whole entries), and the slot numbers
+/// in key order ([`SlotOrder`]) serve range scans.
 #[derive(Debug, Default)]
 pub(crate) struct TableData {
     slots: Slots,
     free: Vec<u32>,
     index: SlotIndex,
     hasher: foldhash::fast::RandomState,
-    order: BTreeSet<Key>,
+    order: SlotOrder,
     /// Keys whose head is a tombstone or that have older versions: the collector's work list.
     gc_candidates: Vec<Key>,
     /// The collector visits the list in passes. Keys the current pass has still to visit
@@ -276,11 +276,11 @@ pub(crate) struct TableData {
     /// Lowest `gc_due_at` of keys queued or changed by writes since the current or last pass
     /// began (0: unknown).
     gc_written_min: u64,
-    /// While recovery replays the log: keys inserted since [`TableData::defer_order`], not yet
-    /// in `order` (some may have been removed again). `None` outside recovery.
-    order_pending: Option<Vec<Key>>,
+    /// While recovery replays the log: slots of keys inserted since [`TableData::defer_order`],
+    /// not yet in `order` (some may have been removed again). `None` outside recovery.
+    order_pending: Option<Vec<u32>>,
     /// A key was removed from the index while `order_pending` was kept: the pending list may
-    /// name keys that are gone, or a key twice (recovery removes none).
+    /// name slots that are free or reused, or a slot twice (recovery removes none).
     order_pending_removed: bool,
     /// Live (non-tombstone head) keys and their key+value bytes, at the newest applied version.
     live_keys: u64,
@@ -295,7 +295,7 @@ pub(crate) struct KeyRange {
 }
 
 impl KeyRange {
-    /// True when no key can fall inside (which `BTreeSet::range` would panic on).
+    /// True when no key can fall inside.
     pub fn is_empty(&self) -> bool {
         match (&self.start, &self.end) {
             (Bound::Included(s), Bound::Included(e)) => s > e,
@@ -378,8 +378,8 @@ impl TableData {
         self.index = index;
     }
 
-    /// Adds `key`, which the table does not hold, under its `hash`.
-    fn insert_new(&mut self, hash: u64, key: &[u8], head: Version) {
+    /// Adds `key`, which the table does not hold, under its `hash`; returns its slot.
+    fn insert_new(&mut self, hash: u64, key: &[u8], head: Version) -> u32 {
         if self.index.len() >= self.index.capacity() {
             self.grow_index();
         }
@@ -401,11 +401,14 @@ impl TableData {
             use std::hash::BuildHasher;
             slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()))
         });
+        n
     }
 
     fn remove(&mut self, key: &[u8]) {
-        let hash = self.hash(key);
+        // Out of the order first: finding it there reads the keys of its neighbours' slots.
         let slots = &self.slots;
+        self.order.remove(key, |i| key_of(slots, i));
+        let hash = self.hash(key);
         if let Ok(entry) =
             self.index.find_entry(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
         {
@@ -416,7 +419,6 @@ impl TableData {
             }
         }
         self.order_pending_removed |= self.order_pending.is_some();
-        self.order.remove(key);
     }
 
     /// Stops keeping the ordered set in step with inserts until [`TableData::finish_order`]:
@@ -428,27 +430,46 @@ impl TableData {
 
     /// Brings the ordered set back in step: exactly the keys the hash index holds.
     pub fn finish_order(&mut self) {
-        let Some(mut pending) = self.order_pending.take() else { return };
+        let Some(pending) = self.order_pending.take() else { return };
         let removed = std::mem::take(&mut self.order_pending_removed);
         if pending.is_empty() {
             return;
         }
-        if removed {
-            // A key inserted, removed and inserted again is listed twice; a removed one is gone.
-            pending.retain(|k| self.slot_of(k.as_slice()).is_some());
-            pending.sort_unstable();
-            pending.dedup();
+        let slots = &self.slots;
+        let mut keyed: Vec<(Key, u32)> = if removed {
+            // A slot freed since it was listed, or freed and reused (listed twice), is either
+            // gone from the table or named again by a later entry: keep each live slot once.
+            let mut free = vec![false; slots.len()];
+            for &n in &self.free {
+                if let Some(f) = free.get_mut(n as usize) {
+                    *f = true;
+                }
+            }
+            let mut live: Vec<u32> = pending.into_iter().filter(|&n| free.get(n as usize) == Some(&false)).collect();
+            live.sort_unstable();
+            live.dedup();
+            live.into_iter().filter_map(|n| Some((slots.get(n as usize)?.key.clone(), n))).collect()
         } else {
-            // Only new keys were inserted, each once: the list is exactly the missing keys.
-            // Checking each against the table was a random probe per key.
-            sort_keys(&mut pending);
-        }
-        if pending.len() < self.order.len() / 16 {
-            self.order.extend(pending);
+            // Only new keys were inserted, each once: the list is exactly the missing slots,
+            // and in slot order, so their keys are read front to back.
+            pending.into_iter().filter_map(|n| Some((slots.get(n as usize)?.key.clone(), n))).collect()
+        };
+        sort_keys(&mut keyed);
+        if keyed.len() < self.order.len() / 16 {
+            for (key, n) in keyed {
+                self.order.insert(key.as_slice(), n, |i| key_of(slots, i));
+            }
         } else {
-            // Two sorted runs: `BTreeSet` merges them and builds full nodes bottom up.
+            // Two sorted runs, merged into a new order built front to back.
             let old = std::mem::take(&mut self.order);
-            self.order = old.into_iter().chain(pending).collect();
+            let mut held = old.iter().peekable();
+            let mut added = keyed.into_iter().peekable();
+            let merged = std::iter::from_fn(|| match (held.peek(), added.peek()) {
+                (Some(&h), Some((k, _))) if key_of(slots, h) < k.as_slice() => held.next(),
+                (Some(_), Some(_)) | (None, _) => added.next().map(|(_, n)| n),
+                (Some(_), None) => held.next(),
+            });
+            self.order = SlotOrder::from_sorted(merged, |i| key_of(slots, i));
         }
     }
 
@@ -470,19 +491,25 @@ impl TableData {
         if range.is_empty() {
             return (out, false);
         }
-        let mut iter = self.order.range::<[u8], _>(range.as_refs());
-        loop {
-            let next = if reverse { iter.next_back() } else { iter.next() };
-            let Some(key) = next else { return (out, false) };
-            if out.len() >= limit {
-                return (out, true);
-            }
-            if let Some(value) =
-                self.find(key.as_slice()).and_then(|h| h.visible(snapshot)).and_then(|v| v.value.as_deref())
-            {
-                out.push((key.as_slice().to_vec(), value.to_vec()));
-            }
-        }
+        let slots = &self.slots;
+        let mut more = false;
+        self.order.scan(
+            range.as_refs(),
+            reverse,
+            |i| key_of(slots, i),
+            |i| {
+                let Some(slot) = slots.get(i as usize) else { return true };
+                if let Some(value) = slot.head.visible(snapshot).and_then(|v| v.value.as_deref()) {
+                    if out.len() >= limit {
+                        more = true;
+                        return false;
+                    }
+                    out.push((slot.key.as_slice().to_vec(), value.to_vec()));
+                }
+                true
+            },
+        );
+        (out, more)
     }
 
     /// Applies one write at `ts` (which must exceed every earlier write's), pruning versions no
@@ -627,13 +654,14 @@ impl TableData {
                 if value.is_none() {
                     return; // Deleting an absent key changes nothing.
                 }
+                let n = self.insert_new(hash, key, Version { ts, value, older: None });
                 match &mut self.order_pending {
-                    Some(pending) => pending.push(Key::new(key)),
+                    Some(pending) => pending.push(n),
                     None => {
-                        self.order.insert(Key::new(key));
+                        let slots = &self.slots;
+                        self.order.insert(key, n, |i| key_of(slots, i));
                     }
                 }
-                self.insert_new(hash, key, Version { ts, value, older: None });
             }
         }
         if pushed_candidate {
@@ -729,10 +757,9 @@ impl TableData {
 
 /// Builds a table from entries in strictly ascending key order, the order a checkpoint holds
 /// them in, every version at timestamp 0. Ascending keys are distinct, so each one is new: no
-/// lookup per key. The slab fills in order; the hash table (sized once) and the ordered set are
-/// built at the end, on two threads: the set in one pass from the already sorted keys, the
-/// table by inserting in the order of the buckets the keys land in, so its memory is written
-/// front to back instead of at a random place per key.
+/// lookup per key. The slab fills in order, which is already the ordered index's order; the
+/// hash table (sized once) is built at the end by inserting in the order of the buckets the
+/// keys land in, so its memory is written front to back instead of at a random place per key.
 #[derive(Debug)]
 pub(crate) struct SortedLoad {
     data: TableData,
@@ -775,58 +802,23 @@ impl SortedLoad {
         self.hashes = Vec::new();
     }
 
-    /// The table: the same as applying every pushed entry at timestamp 0 to an empty one.
-    /// `order`, when given, is used if it holds exactly the pushed keys (built elsewhere from
-    /// the same checkpoint); otherwise the ordered set is built here, on a second thread while
-    /// this one builds the hash table if [`SortedLoad::build_index`] has not.
-    pub fn finish(self, order: Option<KeyOrder>) -> TableData {
+    /// The table: the same as applying every pushed entry at timestamp 0 to an empty one. The
+    /// slab is in key order, so the ordered index is its slot numbers counted up.
+    pub fn finish(self) -> TableData {
         let SortedLoad { mut data, hashes } = self;
-        let TableData { slots, index, hasher, order: ordered_set, .. } = &mut data;
-        let slots = &*slots;
-        let matches = |o: &KeyOrder| o.0.len() == slots.len() && o.0.iter().zip(slots.iter()).all(|(k, s)| *k == s.key);
-        if let Some(o) = order.filter(matches) {
-            if index.len() != slots.len() {
-                fill_index(index, hasher, slots, &hashes, hashes.len(), &[]);
-            }
-            *ordered_set = o.0;
-            return data;
+        let TableData { slots, index, hasher, order, .. } = &mut data;
+        if index.len() != slots.len() {
+            fill_index(index, hasher, slots, &hashes, hashes.len(), &[]);
         }
-        let ordered = |slots: &[Slot]| -> BTreeSet<Key> {
-            // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
-            slots.iter().map(|s| s.key.clone()).collect()
-        };
-        *ordered_set = std::thread::scope(|scope| {
-            let builder =
-                std::thread::Builder::new().name("keeldb-load-order".into()).spawn_scoped(scope, || ordered(slots));
-            if index.len() != slots.len() {
-                fill_index(index, hasher, slots, &hashes, hashes.len(), &[]);
-            }
-            match builder {
-                Ok(handle) => handle.join().unwrap_or_else(|_| ordered(slots)),
-                Err(_) => ordered(slots),
-            }
-        });
+        let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+        *order = SlotOrder::from_sorted(0..n, |i| key_of(slots, i));
         data
     }
 }
 
-/// A table's ordered key set, built from keys in ascending order (see [`SortedLoad::finish`]).
-#[derive(Debug, Default)]
-pub(crate) struct KeyOrder(BTreeSet<Key>);
-
-/// Collects keys for a [`KeyOrder`]. Any order gives the right set; ascending is fast.
-#[derive(Debug, Default)]
-pub(crate) struct KeyOrderBuilder(Vec<Key>);
-
-impl KeyOrderBuilder {
-    pub fn push(&mut self, key: &[u8]) {
-        self.0.push(Key::new(key));
-    }
-
-    pub fn finish(self) -> KeyOrder {
-        // Already sorted: `BTreeSet` finds one run and builds its nodes full, bottom up.
-        KeyOrder(self.0.into_iter().collect())
-    }
+/// The key in slot `i` (empty for a slot past the end, which the callers never name).
+fn key_of(slots: &[Slot], i: u32) -> &[u8] {
+    slots.get(i as usize).map_or(&[], |s| s.key.as_slice())
 }
 
 /// Inserts slot `i` under `hashes[i]` for every slot not marked in `free` (which is empty or
@@ -864,7 +856,7 @@ fn fill_index(
 }
 
 /// Sorts distinct keys; a long list on two threads (each half, then one merge pass).
-fn sort_keys(keys: &mut [Key]) {
+fn sort_keys<T: Ord + Send>(keys: &mut [T]) {
     const TWO_THREADS_MIN: usize = 1 << 16;
     if keys.len() < TWO_THREADS_MIN {
         keys.sort_unstable();
@@ -1022,23 +1014,20 @@ mod tests {
             load.push(k, &value).unwrap();
             apply(&mut applied, k, Some(&value), 0, 0);
         }
-        // An ordered set built elsewhere is taken only if it holds exactly the loaded keys.
-        let mut short = KeyOrderBuilder::default();
-        for k in sorted.iter().skip(1) {
-            short.push(k);
-        }
+        // With the hash table built first, as recovery does.
         let mut again = SortedLoad::with_capacity(0);
         for k in &sorted {
             again.push(k, b"v").unwrap();
         }
         again.build_index();
-        let again = again.finish(Some(short.finish()));
-        assert_eq!(again.order.len(), sorted.len(), "a set missing a key was used");
+        let again = again.finish();
+        again.order.check(|i| key_of(&again.slots, i));
+        assert_eq!(again.order.len(), sorted.len());
         assert!(sorted.iter().all(|k| again.get(k, 0).is_some()));
         // A key not above the last one is refused and changes nothing.
         assert!(load.push(sorted.last().unwrap(), b"x").is_err());
         assert!(load.push(b"", b"x").is_err());
-        let loaded = load.finish(None);
+        let loaded = load.finish();
         assert_eq!((loaded.live_keys(), loaded.live_bytes()), (applied.live_keys(), applied.live_bytes()));
         for k in &keys {
             assert_eq!(loaded.get(k, 0), applied.get(k, 0));
@@ -1145,11 +1134,12 @@ mod tests {
                     "{before} then {replayed}"
                 );
             }
-            let keys = |t: &TableData| t.order.iter().map(|k| k.as_slice().to_vec()).collect::<Vec<_>>();
+            deferred.order.check(|i| key_of(&deferred.slots, i));
+            let keys = |t: &TableData| t.order.iter().map(|i| key_of(&t.slots, i).to_vec()).collect::<Vec<_>>();
             assert_eq!(keys(&deferred), keys(&kept), "{before} then {replayed}");
             // And it stays in step afterwards.
             op(&mut deferred, b"zz-after", Some(b"v"), ts + 1);
-            assert!(deferred.order.contains(&b"zz-after"[..]));
+            assert_eq!(keys(&deferred).last().map(Vec::as_slice), Some(&b"zz-after"[..]));
         }
     }
 

@@ -43,6 +43,7 @@ mod index;
 mod install;
 mod maintenance;
 mod options;
+mod order;
 mod recovery;
 mod registry;
 mod scan;

@@ -16,7 +16,7 @@ use crate::checkpoint::{decode_unverified, parse_checkpoint_name, read_checkpoin
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, read_all_into, write_all_at, FileSystem, OpenMode};
-use crate::index::{Catalog, KeyOrder, KeyOrderBuilder, SortedLoad, Table};
+use crate::index::{Catalog, SortedLoad, Table};
 use crate::wal::{
     self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter,
 };
@@ -312,19 +312,6 @@ impl CheckpointSink for BulkLoad {
     }
 }
 
-/// Each table's keys, for its ordered set.
-#[derive(Default)]
-struct OrderSink(crate::types::FastMap<u32, KeyOrderBuilder>);
-
-impl CheckpointSink for OrderSink {
-    fn table(&mut self, id: u32, _name: &str) {
-        self.0.entry(id).or_default();
-    }
-    fn entry(&mut self, table_id: u32, key: &[u8], _value: &[u8]) {
-        self.0.entry(table_id).or_default().push(key);
-    }
-}
-
 /// Decodes a checkpoint's records into [`SortedLoad`]s and builds their hash tables, without
 /// verifying anything; `None` when the bytes do not decode as a checkpoint writer's output.
 fn load_unverified(bytes: &[u8]) -> Option<BulkLoad> {
@@ -352,22 +339,23 @@ fn checkpoint_footer(bytes: &[u8]) -> Option<crate::checkpoint::Footer> {
 /// decode as a checkpoint writer's output.
 #[cfg(test)]
 fn build_unverified(bytes: &[u8]) -> Option<StateBuilder> {
-    finish_load(load_unverified(bytes)?, Default::default())
+    finish_load(load_unverified(bytes)?)
 }
 
-/// Finishes every table of `bulk`, each with its ordered set from `orders` if there is one.
-fn finish_load(bulk: BulkLoad, mut orders: crate::types::FastMap<u32, KeyOrder>) -> Option<StateBuilder> {
+/// Finishes every table of `bulk`.
+fn finish_load(bulk: BulkLoad) -> Option<StateBuilder> {
     for (id, load) in bulk.loads {
         let table = bulk.state.catalog.by_id(id)?;
-        *table.data.write() = load.finish(orders.remove(&id));
+        *table.data.write() = load.finish();
     }
     Some(bulk.state)
 }
 
 /// Verifies a checkpoint's bytes and builds the state they hold into `state` (empty on entry).
 /// Two threads share the work over the same bytes: this one builds each table's slab and hash
-/// table; the other verifies (every block's CRC, the counts, the digest) and then builds each
-/// table's ordered set. What was built is kept only if verification passes, so the result is
+/// table (the ordered index comes free with the slab: see [`SortedLoad::finish`]); the other
+/// verifies (every block's CRC, the counts, the digest). What was built is kept only if
+/// verification passes, so the result is
 /// exactly [`read_checkpoint`]'s. Falls back to [`read_checkpoint`] alone when no thread can be
 /// started or the records are not in a checkpoint writer's order.
 fn load_checkpoint_bytes(
@@ -379,26 +367,16 @@ fn load_checkpoint_bytes(
         fn table(&mut self, _: u32, _: &str) {}
         fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
     }
-    let verify_then_order = || {
-        let verified = read_checkpoint(bytes, &mut Discard)?;
-        let mut keys = OrderSink::default();
-        // Verified bytes decode; an error here is impossible, and only loses the head start.
-        let orders = match decode_unverified(bytes, &mut keys) {
-            Ok(()) => keys.0.into_iter().map(|(id, k)| (id, k.finish())).collect(),
-            Err(_) => Default::default(),
-        };
-        Ok((verified, orders))
-    };
+    let verify = || read_checkpoint(bytes, &mut Discard);
     let (verified, built) = std::thread::scope(|scope| {
-        let verifier =
-            std::thread::Builder::new().name("keeldb-checkpoint-verify".into()).spawn_scoped(scope, verify_then_order);
+        let verifier = std::thread::Builder::new().name("keeldb-checkpoint-verify".into()).spawn_scoped(scope, verify);
         match verifier {
             Ok(handle) => {
                 let loaded = load_unverified(bytes);
                 // A verifier that panicked decided nothing: the plain reader below decides.
                 match (handle.join(), loaded) {
-                    (Ok(Ok((summary, orders))), Some(bulk)) => (Some(Ok(summary)), finish_load(bulk, orders)),
-                    (Ok(verified), _) => (Some(verified.map(|(summary, _)| summary)), None),
+                    (Ok(Ok(summary)), Some(bulk)) => (Some(Ok(summary)), finish_load(bulk)),
+                    (Ok(verified), _) => (Some(verified), None),
                     (Err(_), _) => (None, None),
                 }
             }
