@@ -39,10 +39,16 @@ fn main() {
     let short = t.elapsed().as_nanos() as f64 / seen as f64;
     let full = |range: ScanRange| {
         let t = std::time::Instant::now();
-        let count = rx.scan("t", range).unwrap().map(|e| black_box(e.unwrap())).count() as u64;
+        let mut count = 0u64;
+        for entry in rx.scan("t", range).unwrap() {
+            black_box(entry.unwrap());
+            count += 1;
+        }
         assert_eq!(count, n);
         t.elapsed().as_nanos() as f64 / n as f64
     };
     let (forward, reverse) = (full(ScanRange::all()), full(ScanRange::all().reverse()));
-    println!("{n} keys: short scans {short:.0} ns/entry; full scan {forward:.0} ns/entry, reverse {reverse:.0} ns/entry");
+    println!(
+        "{n} keys: short scans {short:.0} ns/entry; full scan {forward:.0} ns/entry, reverse {reverse:.0} ns/entry"
+    );
 }

@@ -58,6 +58,12 @@ impl Borrow<[u8]> for Key {
         self.as_slice()
     }
 }
+
+impl AsRef<[u8]> for Key {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
 /// The inline bytes as three big-endian words (8 + 8 + 6 bytes). The bytes past `len` are
 /// always zero ([`Key::new`] never writes them), so comparing the words and then the lengths
 /// orders two inline keys exactly as comparing their slices does: a key that is a prefix of

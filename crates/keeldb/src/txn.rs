@@ -344,7 +344,7 @@ impl WriteTxn {
             return Err(Error::LimitExceeded { what: "value", actual: value.len(), limit: MAX_VALUE_BYTES });
         }
         self.add_bytes(key.len() + value.len() + 16)?;
-        self.table_entry(table)?.writes.insert(key.to_vec(), Some(value.to_vec()));
+        self.table_entry(table)?.writes.insert(key, Some(value.to_vec()));
         Ok(())
     }
 
@@ -360,7 +360,7 @@ impl WriteTxn {
         check_key(key)?;
         self.meter()?;
         self.add_bytes(key.len() + 16)?;
-        self.table_entry(table)?.writes.insert(key.to_vec(), None);
+        self.table_entry(table)?.writes.insert(key, None);
         Ok(())
     }
 
@@ -408,7 +408,7 @@ impl WriteTxn {
                 } else {
                     tw.writes
                         .range((resolved.start.clone(), resolved.end.clone()))
-                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .map(|(k, v)| (k.as_slice().to_vec(), v.clone()))
                         .collect()
                 };
                 if range.is_reverse() {

@@ -22,6 +22,7 @@ use super::request::{CommitRequest, TableApply, TableWrites};
 use super::waiter::{Outcome, Waiter};
 use super::Committer;
 use crate::error::{Error, Result};
+use crate::index::Key;
 use crate::options::{check_key, check_table_name, check_value, Durability, Isolation};
 use crate::types::{FastMap, LogPosition};
 
@@ -115,11 +116,11 @@ impl Command {
             };
             match tables.get_mut(table.as_str()) {
                 Some(tw) => {
-                    tw.writes.insert(key, value);
+                    tw.writes.insert(&key, value);
                 }
                 None => {
                     let mut tw = TableWrites::default();
-                    tw.writes.insert(key, value);
+                    tw.writes.insert(&key, value);
                     tables.insert(intern(names, &table), tw);
                 }
             }
@@ -191,7 +192,7 @@ pub(crate) struct BatchOverlay {
 #[derive(Debug, Default)]
 struct TableOverlay {
     dropped: bool,
-    writes: FastMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: FastMap<Key, Option<Vec<u8>>>,
 }
 
 impl BatchOverlay {

@@ -31,6 +31,10 @@ pub(crate) struct ConflictIndex {
     trim_at: usize,
     drops: FastMap<Arc<str>, u64>,
     fence: u64,
+    /// The newest timestamp ever recorded (written or dropped at). A transaction whose snapshot
+    /// is at or after it conflicts with nothing: every conflict is a record newer than the
+    /// snapshot. The common uncontended commit then skips a lookup per key.
+    newest: u64,
 }
 
 impl Default for ConflictIndex {
@@ -48,7 +52,14 @@ impl ConflictIndex {
     /// an install the old records name tables of the replaced state; the fence alone decides
     /// for every transaction that could have seen them.
     pub fn fenced(fence: u64) -> ConflictIndex {
-        ConflictIndex { recent: FastMap::default(), recent_len: 0, trim_at: TRIM_MIN, drops: FastMap::default(), fence }
+        ConflictIndex {
+            recent: FastMap::default(),
+            recent_len: 0,
+            trim_at: TRIM_MIN,
+            drops: FastMap::default(),
+            fence,
+            newest: 0,
+        }
     }
 
     fn written_after(&self, table: &str, key: &[u8], ts: u64) -> bool {
@@ -80,6 +91,9 @@ impl ConflictIndex {
             let table = table.map_or_else(|| Arc::from(""), Arc::clone);
             return Err(Conflict { table, key: None, reason: ConflictReason::StateReplaced });
         }
+        if start >= self.newest {
+            return Ok(());
+        }
         for (name, tw) in &req.tables {
             if self.dropped_after(name, start) {
                 return Err(conflict(name, None, ConflictReason::TableDropped));
@@ -87,8 +101,8 @@ impl ConflictIndex {
             if tw.dropped && self.table_written_after(name, start) {
                 return Err(conflict(name, None, ConflictReason::TableWritten));
             }
-            if let Some(key) = tw.writes.keys().find(|key| self.written_after(name, key, start)) {
-                return Err(conflict(name, Some(key), ConflictReason::KeyWritten));
+            if let Some(key) = tw.writes.keys().find(|key| self.written_after(name, key.as_slice(), start)) {
+                return Err(conflict(name, Some(key.as_slice()), ConflictReason::KeyWritten));
             }
         }
         if req.isolation == Isolation::Serializable {
@@ -109,17 +123,19 @@ impl ConflictIndex {
     }
 
     /// Records a sequenced commit's writes (and drop) at `ts`.
-    pub fn record<'a>(&mut self, table: &Arc<str>, dropped: bool, keys: impl Iterator<Item = &'a Vec<u8>>, ts: u64) {
+    pub fn record<'a>(&mut self, table: &Arc<str>, dropped: bool, keys: impl Iterator<Item = &'a Key>, ts: u64) {
         if dropped {
             self.drops.insert(Arc::clone(table), ts);
+            self.newest = self.newest.max(ts);
         }
         let mut keys = keys.peekable();
         if keys.peek().is_none() {
             return;
         }
+        self.newest = self.newest.max(ts);
         let m = self.recent.entry(Arc::clone(table)).or_default();
         for k in keys {
-            if m.insert(Key::new(k), ts).is_none() {
+            if m.insert(k.clone(), ts).is_none() {
                 self.recent_len += 1;
             }
         }
@@ -155,7 +171,7 @@ mod tests {
 
     fn request(start_ts: u64, table: &str, key: &[u8], isolation: Isolation) -> CommitRequest {
         let mut tw = TableWrites::default();
-        tw.writes.insert(key.to_vec(), Some(b"v".to_vec()));
+        tw.writes.insert(key, Some(b"v".to_vec()));
         let mut tables = BTreeMap::new();
         tables.insert(Arc::from(table), tw);
         CommitRequest { start_ts, durability: Durability::Relaxed, isolation, tables, reads: Vec::new(), apply: None }
@@ -165,7 +181,7 @@ mod tests {
     fn first_committer_wins_and_names_the_key() {
         let mut idx = ConflictIndex::default();
         let t: Arc<str> = Arc::from("t");
-        idx.record(&t, false, [b"k".to_vec()].iter(), 5);
+        idx.record(&t, false, [Key::new(b"k")].iter(), 5);
         let err = idx.validate(&request(4, "t", b"k", Isolation::Snapshot)).err();
         assert_eq!(err, Some(conflict(&t, Some(b"k"), ConflictReason::KeyWritten)));
         assert!(idx.validate(&request(5, "t", b"k", Isolation::Snapshot)).is_ok(), "snapshot saw the write");
@@ -181,11 +197,27 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_at_the_newest_record_skips_the_lookups_and_an_older_one_does_not() {
+        let mut idx = ConflictIndex::default();
+        let t: Arc<str> = Arc::from("t");
+        idx.record(&t, false, [Key::new(b"a")].iter(), 5);
+        idx.record(&t, false, [Key::new(b"b")].iter(), 7);
+        assert!(idx.validate(&request(6, "t", b"a", Isolation::Snapshot)).is_ok());
+        assert!(idx.validate(&request(6, "t", b"b", Isolation::Snapshot)).is_err());
+        assert!(idx.validate(&request(7, "t", b"b", Isolation::Snapshot)).is_ok());
+        // A drop with no keys written is a record too.
+        idx.record(&t, true, std::iter::empty(), 9);
+        let err = idx.validate(&request(8, "t", b"c", Isolation::Snapshot)).err();
+        assert_eq!(err, Some(conflict(&t, None, ConflictReason::TableDropped)));
+        assert!(idx.validate(&request(9, "t", b"c", Isolation::Snapshot)).is_ok());
+    }
+
+    #[test]
     fn trim_forgets_only_records_at_or_below_the_horizon() {
         let mut idx = ConflictIndex::default();
         let t: Arc<str> = Arc::from("t");
-        idx.record(&t, false, [b"a".to_vec()].iter(), 3);
-        idx.record(&t, true, [b"b".to_vec()].iter(), 7);
+        idx.record(&t, false, [Key::new(b"a")].iter(), 3);
+        idx.record(&t, true, [Key::new(b"b")].iter(), 7);
         idx.trim(5);
         assert!(idx.validate(&request(2, "t", b"a", Isolation::Snapshot)).is_err(), "dropped at 7 still conflicts");
         assert_eq!(idx.recent_len, 1);

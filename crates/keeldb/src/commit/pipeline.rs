@@ -677,7 +677,7 @@ impl Committer {
                 let Some(table) = &last_table else { continue };
                 let mut data = table.data.write();
                 for (k, v) in ta.writes.iter_mut() {
-                    data.apply_owned(&table.name, k, v.take(), p.ts, horizon, &mut digest);
+                    data.apply_owned(&table.name, k.as_slice(), v.take(), p.ts, horizon, &mut digest);
                 }
             }
         }
@@ -717,7 +717,7 @@ fn record_history(history: &crate::history::History, batch: &[Pending]) {
                 ta.writes.iter().filter(move |(_, v)| live && !(ta.create && v.is_none())).map(|(k, v)| Change {
                     ts: p.ts,
                     table: Arc::clone(&ta.name),
-                    key: k.clone(),
+                    key: k.as_slice().to_vec(),
                     kind: v.as_ref().map_or(ChangeKind::Delete, |v| ChangeKind::Put(v.clone())),
                 });
             dropped.into_iter().chain(writes)

@@ -128,7 +128,10 @@ impl Sequencer {
             .iter()
             .map(|(name, tw)| {
                 32 + name.len()
-                    + tw.writes.iter().map(|(k, v)| 13 + k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
+                    + tw.writes
+                        .iter()
+                        .map(|(k, v)| 13 + k.as_slice().len() + v.as_ref().map_or(0, Vec::len))
+                        .sum::<usize>()
             })
             .sum();
         let mut payload = PayloadBuilder::in_frame(frames, size);
@@ -156,8 +159,8 @@ impl Sequencer {
             if id != 0 {
                 for (k, v) in &tw.writes {
                     match v {
-                        Some(v) => payload.put(id, k, v),
-                        None if !create => payload.delete(id, k),
+                        Some(v) => payload.put(id, k.as_slice(), v),
+                        None if !create => payload.delete(id, k.as_slice()),
                         None => {}
                     }
                 }

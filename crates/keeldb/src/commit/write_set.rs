@@ -16,8 +16,12 @@
 use std::collections::{btree_map, BTreeMap};
 use std::ops::Bound;
 
+use crate::index::Key;
+
 type Value = Option<Vec<u8>>;
-type Entry = (Vec<u8>, Value);
+/// Keys are the index's own type: up to 22 bytes inline, so a put allocates for its value
+/// only (a `Vec<u8>` key was an allocation and a free per put).
+type Entry = (Key, Value);
 
 /// Longest sorted vector that takes an insertion in its middle.
 const SMALL: usize = 64;
@@ -25,7 +29,7 @@ const SMALL: usize = 64;
 #[derive(Debug, Clone)]
 pub(crate) enum WriteSet {
     Sorted(Vec<Entry>),
-    Tree(BTreeMap<Vec<u8>, Value>),
+    Tree(BTreeMap<Key, Value>),
 }
 
 impl Default for WriteSet {
@@ -41,28 +45,28 @@ fn search(v: &[Entry], key: &[u8]) -> Result<usize, usize> {
 
 impl WriteSet {
     /// Sets `key`'s new value, replacing an earlier write of the same key.
-    pub fn insert(&mut self, key: Vec<u8>, value: Value) {
+    pub fn insert(&mut self, key: &[u8], value: Value) {
         let v = match self {
             WriteSet::Tree(m) => {
-                m.insert(key, value);
+                m.insert(Key::new(key), value);
                 return;
             }
             WriteSet::Sorted(v) => v,
         };
-        if v.last().is_none_or(|(last, _)| *last < key) {
-            v.push((key, value));
+        if v.last().is_none_or(|(last, _)| last.as_slice() < key) {
+            v.push((Key::new(key), value));
             return;
         }
-        match search(v, &key) {
+        match search(v, key) {
             Ok(i) => {
                 if let Some(e) = v.get_mut(i) {
                     e.1 = value;
                 }
             }
-            Err(i) if v.len() < SMALL => v.insert(i, (key, value)),
+            Err(i) if v.len() < SMALL => v.insert(i, (Key::new(key), value)),
             Err(_) => {
-                let mut m: BTreeMap<Vec<u8>, Value> = std::mem::take(v).into_iter().collect();
-                m.insert(key, value);
+                let mut m: BTreeMap<Key, Value> = std::mem::take(v).into_iter().collect();
+                m.insert(Key::new(key), value);
                 *self = WriteSet::Tree(m);
             }
         }
@@ -95,7 +99,7 @@ impl WriteSet {
     pub fn iter(&self) -> Iter<'_> {
         match self {
             WriteSet::Sorted(v) => Iter::Sorted(v.iter()),
-            WriteSet::Tree(m) => Iter::Tree(m.range::<Vec<u8>, _>(..)),
+            WriteSet::Tree(m) => Iter::Tree(m.range::<[u8], _>(..)),
         }
     }
 
@@ -107,7 +111,7 @@ impl WriteSet {
         }
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &Vec<u8>> {
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
         self.iter().map(|(k, _)| k)
     }
 
@@ -121,30 +125,38 @@ impl WriteSet {
         match self {
             WriteSet::Sorted(v) => {
                 let lo = match &bounds.0 {
-                    Bound::Included(s) => v.partition_point(|(k, _)| k < s),
-                    Bound::Excluded(s) => v.partition_point(|(k, _)| k <= s),
+                    Bound::Included(s) => v.partition_point(|(k, _)| k.as_slice() < s.as_slice()),
+                    Bound::Excluded(s) => v.partition_point(|(k, _)| k.as_slice() <= s.as_slice()),
                     Bound::Unbounded => 0,
                 };
                 let hi = match &bounds.1 {
-                    Bound::Included(e) => v.partition_point(|(k, _)| k <= e),
-                    Bound::Excluded(e) => v.partition_point(|(k, _)| k < e),
+                    Bound::Included(e) => v.partition_point(|(k, _)| k.as_slice() <= e.as_slice()),
+                    Bound::Excluded(e) => v.partition_point(|(k, _)| k.as_slice() < e.as_slice()),
                     Bound::Unbounded => v.len(),
                 };
                 Iter::Sorted(v.get(lo..hi.max(lo)).unwrap_or_default().iter())
             }
-            WriteSet::Tree(m) => Iter::Tree(m.range::<Vec<u8>, _>(bounds)),
+            WriteSet::Tree(m) => Iter::Tree(m.range::<[u8], _>((as_ref(&bounds.0), as_ref(&bounds.1)))),
         }
+    }
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.as_slice()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
     }
 }
 
 /// See [`WriteSet::iter`].
 pub(crate) enum Iter<'a> {
     Sorted(std::slice::Iter<'a, Entry>),
-    Tree(btree_map::Range<'a, Vec<u8>, Value>),
+    Tree(btree_map::Range<'a, Key, Value>),
 }
 
 impl<'a> Iterator for Iter<'a> {
-    type Item = (&'a Vec<u8>, &'a Value);
+    type Item = (&'a Key, &'a Value);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
@@ -157,11 +169,11 @@ impl<'a> Iterator for Iter<'a> {
 /// See [`WriteSet::iter_mut`].
 pub(crate) enum IterMut<'a> {
     Sorted(std::slice::IterMut<'a, Entry>),
-    Tree(btree_map::IterMut<'a, Vec<u8>, Value>),
+    Tree(btree_map::IterMut<'a, Key, Value>),
 }
 
 impl<'a> Iterator for IterMut<'a> {
-    type Item = (&'a Vec<u8>, &'a mut Value);
+    type Item = (&'a Key, &'a mut Value);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
@@ -172,7 +184,7 @@ impl<'a> Iterator for IterMut<'a> {
 }
 
 impl<'a> IntoIterator for &'a WriteSet {
-    type Item = (&'a Vec<u8>, &'a Value);
+    type Item = (&'a Key, &'a Value);
     type IntoIter = Iter<'a>;
 
     fn into_iter(self) -> Iter<'a> {
@@ -186,8 +198,8 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    fn pairs<'a>(i: impl Iterator<Item = (&'a Vec<u8>, &'a Value)>) -> Vec<Entry> {
-        i.map(|(k, v)| (k.clone(), v.clone())).collect()
+    fn pairs<'a, K: AsRef<[u8]> + 'a>(i: impl Iterator<Item = (&'a K, &'a Value)>) -> Vec<(Vec<u8>, Value)> {
+        i.map(|(k, v)| (k.as_ref().to_vec(), v.clone())).collect()
     }
 
     fn bound(rng: &mut impl Rng) -> Bound<Vec<u8>> {
@@ -222,7 +234,7 @@ mod tests {
                     set.clear();
                     model.clear();
                 }
-                set.insert(key.clone(), value.clone());
+                set.insert(&key, value.clone());
                 model.insert(key.clone(), value);
                 assert_eq!(set.get(&key), model.get(&key));
                 let probe = vec![rng.gen_range(0..40u8)];
@@ -252,7 +264,10 @@ mod tests {
                 *v = None;
             }
             assert!(set.values().all(Option::is_none));
-            assert_eq!(set.keys().cloned().collect::<Vec<_>>(), model.keys().cloned().collect::<Vec<_>>());
+            assert_eq!(
+                set.keys().map(|k| k.as_slice().to_vec()).collect::<Vec<_>>(),
+                model.keys().cloned().collect::<Vec<_>>()
+            );
             converted += usize::from(matches!(set, WriteSet::Tree(_)));
         }
         assert!(converted > 0 && converted < 300, "both forms exercised ({converted} of 300 converted)");
@@ -262,13 +277,13 @@ mod tests {
     fn ascending_writes_stay_a_vector_and_a_late_key_converts_a_long_one() {
         let mut set = WriteSet::default();
         for i in 0..1000u32 {
-            set.insert(i.to_be_bytes().to_vec(), Some(vec![1]));
+            set.insert(&i.to_be_bytes(), Some(vec![1]));
         }
         assert!(matches!(set, WriteSet::Sorted(_)));
-        set.insert(5u32.to_be_bytes().to_vec(), None); // an overwrite stays in place
+        set.insert(&5u32.to_be_bytes(), None); // an overwrite stays in place
         assert!(matches!(set, WriteSet::Sorted(_)));
         assert_eq!(set.get(&5u32.to_be_bytes()), Some(&None));
-        set.insert(vec![0, 0, 0, 5, 1], None); // between two keys, in a long vector
+        set.insert(&[0, 0, 0, 5, 1], None); // between two keys, in a long vector
         assert!(matches!(set, WriteSet::Tree(_)));
         assert_eq!(set.len(), 1001);
     }
