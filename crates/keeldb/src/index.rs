@@ -975,22 +975,31 @@ impl Table {
 #[derive(Debug, Default)]
 pub(crate) struct Catalog {
     by_id: FastMap<u32, Arc<Table>>,
-    by_name: FastMap<Arc<str>, Vec<u32>>,
+    /// Each name's tables, oldest first (a dropped table stays beside its successor until no
+    /// snapshot can see it). The tables themselves, not ids: a read by name is one probe.
+    by_name: FastMap<Arc<str>, Vec<Arc<Table>>>,
 }
 
 impl Catalog {
     pub fn table_at(&self, name: &str, snapshot: u64) -> Option<&Arc<Table>> {
-        let ids = self.by_name.get(name)?;
-        ids.iter().rev().filter_map(|id| self.by_id.get(id)).find(|t| t.visible_at(snapshot))
+        self.by_name.get(name)?.iter().rev().find(|t| t.visible_at(snapshot))
     }
 
     pub fn by_id(&self, id: u32) -> Option<&Arc<Table>> {
         self.by_id.get(&id)
     }
 
+    /// Adds `table`; one already under its id is replaced in both maps.
     pub fn insert(&mut self, table: Arc<Table>) {
-        self.by_name.entry(Arc::clone(&table.name)).or_default().push(table.id);
-        self.by_id.insert(table.id, table);
+        if let Some(old) = self.by_id.insert(table.id, Arc::clone(&table)) {
+            if let Some(tables) = self.by_name.get_mut(&old.name) {
+                tables.retain(|t| !Arc::ptr_eq(t, &old));
+                if tables.is_empty() {
+                    self.by_name.remove(&old.name);
+                }
+            }
+        }
+        self.by_name.entry(Arc::clone(&table.name)).or_default().push(table);
     }
 
     /// Names of the user tables visible at `snapshot`, sorted (the engine's own are hidden).
@@ -1023,9 +1032,9 @@ impl Catalog {
             self.by_id.values().filter(|t| t.dropped_ts.load(Ordering::Acquire) <= horizon).map(|t| t.id).collect();
         for id in gone {
             if let Some(t) = self.by_id.remove(&id) {
-                if let Some(ids) = self.by_name.get_mut(&t.name) {
-                    ids.retain(|x| *x != id);
-                    if ids.is_empty() {
+                if let Some(tables) = self.by_name.get_mut(&t.name) {
+                    tables.retain(|x| x.id != id);
+                    if tables.is_empty() {
                         self.by_name.remove(&t.name);
                     }
                 }
@@ -1216,6 +1225,25 @@ mod tests {
             op(&mut deferred, b"zz-after", Some(b"v"), ts + 1);
             assert_eq!(keys(&deferred).last().map(Vec::as_slice), Some(&b"zz-after"[..]));
         }
+    }
+
+    #[test]
+    fn the_catalog_finds_a_name_s_table_visible_at_a_snapshot_and_forgets_collected_ones() {
+        let mut c = Catalog::default();
+        let first = Arc::new(Table::new(1, Arc::from("t"), 5));
+        first.dropped_ts.store(10, Ordering::Release);
+        c.insert(Arc::clone(&first));
+        c.insert(Arc::new(Table::new(2, Arc::from("t"), 10)));
+        assert_eq!(c.table_at("t", 4).map(|t| t.id), None);
+        assert_eq!(c.table_at("t", 7).map(|t| t.id), Some(1));
+        assert_eq!(c.table_at("t", 10).map(|t| t.id), Some(2));
+        // An id inserted again replaces its table under the old name too.
+        c.insert(Arc::new(Table::new(2, Arc::from("u"), 10)));
+        assert_eq!(c.table_at("t", 10).map(|t| t.id), None);
+        assert_eq!(c.table_at("u", 10).map(|t| t.id), Some(2));
+        c.collect(10);
+        assert_eq!(c.table_at("t", 7).map(|t| t.id), None);
+        assert!(c.by_name.get("t").is_none() && c.by_id(1).is_none());
     }
 
     #[test]
