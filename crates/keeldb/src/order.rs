@@ -84,6 +84,8 @@ fn split_if_full(chunk: &mut Vec<Entry>) -> Option<Vec<Entry>> {
     }
     let mut upper = chunk.split_off(chunk.len() / 2);
     upper.reserve_exact((CHUNK + 1).saturating_sub(upper.len()));
+    // A chunk that grew from a small table's first one doubled past a full chunk's room.
+    chunk.shrink_to(CHUNK + 1);
     Some(upper)
 }
 
@@ -116,7 +118,11 @@ impl SlotOrder {
         // Above every key held: append, after one comparison.
         match self.chunks.last_entry() {
             None => {
-                self.chunks.insert(Key::new(key), new_chunk(entry));
+                // A table's first key: room for a few, not a full chunk (1.5 KiB), so a store
+                // of many small tables does not pay a chunk per table. It grows by doubling.
+                let mut first = Vec::with_capacity(4);
+                first.push(entry);
+                self.chunks.insert(Key::new(key), first);
                 self.len = 1;
                 return true;
             }
@@ -409,6 +415,16 @@ mod tests {
         order.check(key_of);
         assert_eq!(order.iter().collect::<Vec<_>>(), (0..1_000).collect::<Vec<_>>());
         assert_eq!(SlotOrder::from_sorted(std::iter::empty(), key_of).len(), 0);
+        // A small table's one chunk is small; grown past a full chunk and split, it is not
+        // left with the doubled room.
+        let mut small = SlotOrder::default();
+        assert!(small.insert(key_of(500), 500, key_of));
+        assert!(small.chunks.values().all(|c| c.capacity() < 16));
+        for s in (0..CHUNK as u32 + 1).rev() {
+            assert!(small.insert(key_of(s), s, key_of));
+        }
+        small.check(key_of);
+        assert!(small.chunks.values().all(|c| c.capacity() <= CHUNK + 1), "a chunk kept its doubled room");
         // Deleting nine keys in ten merges the thinned chunks: 100 keys, not 8 chunks of 12.
         for s in (0..1_000).filter(|s| s % 10 != 0) {
             assert_eq!(order.remove(key_of(s), key_of), Some(s));
