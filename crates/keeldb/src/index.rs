@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 
 use crate::digest::StateDigest;
 use crate::huge::HugePages;
-use crate::order::SlotOrder;
+use crate::order::{prefix, SlotOrder};
 
 const INLINE: usize = 22;
 
@@ -331,7 +331,7 @@ impl KeyRange {
     }
 }
 
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+pub(crate) fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
     match b {
         Bound::Included(v) => Bound::Included(v.as_slice()),
         Bound::Excluded(v) => Bound::Excluded(v.as_slice()),
@@ -875,26 +875,11 @@ fn sort_slots_by_key<'a>(slots: Vec<u32>, key_of: impl Fn(u32) -> &'a [u8]) -> V
     let mut keys = slots.iter().map(|&n| key_of(n));
     let Some(first) = keys.next() else { return slots };
     let common = keys.fold(first.len(), |c, k| c.min(first.iter().zip(k).take_while(|(a, b)| a == b).count()));
-    let window = |key: &[u8]| {
-        let mut bytes = [0u8; 8];
-        let rest = key.get(common..).unwrap_or_default();
-        let n = rest.len().min(8);
-        if let (Some(dst), Some(src)) = (bytes.get_mut(..n), rest.get(..n)) {
-            dst.copy_from_slice(src);
-        }
-        u64::from_be_bytes(bytes)
-    };
+    let window = |key: &[u8]| prefix(key.get(common..).unwrap_or_default());
     let mut keyed: Vec<(u64, u32)> = slots.iter().map(|&n| (window(key_of(n)), n)).collect();
     sort_keys(&mut keyed);
-    let mut i = 0;
-    while let Some(&(w, _)) = keyed.get(i) {
-        let run = keyed.get(i..).unwrap_or_default().iter().take_while(|&&(x, _)| x == w).count();
-        if run > 1 {
-            if let Some(tied) = keyed.get_mut(i..i + run) {
-                tied.sort_unstable_by(|a, b| key_of(a.1).cmp(key_of(b.1)));
-            }
-        }
-        i += run;
+    for tied in keyed.chunk_by_mut(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
+        tied.sort_unstable_by(|a, b| key_of(a.1).cmp(key_of(b.1)));
     }
     keyed.into_iter().map(|(_, n)| n).collect()
 }
@@ -1104,13 +1089,9 @@ mod tests {
 
     #[test]
     fn slots_sort_as_their_keys_do_whatever_prefix_they_share() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(40);
+        let mut next = move || rng.gen::<u64>();
         for case in 0..40 {
             let shared: Vec<u8> = (0..case % 13).map(|i| b'a' + i as u8).collect();
             let mut keys: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();

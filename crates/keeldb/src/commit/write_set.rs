@@ -16,7 +16,7 @@
 use std::collections::{btree_map, BTreeMap};
 use std::ops::Bound;
 
-use crate::index::Key;
+use crate::index::{as_ref, Key};
 
 type Value = Option<Vec<u8>>;
 /// Keys are the index's own type: up to 22 bytes inline, so a put allocates for its value
@@ -138,14 +138,6 @@ impl WriteSet {
             }
             WriteSet::Tree(m) => Iter::Tree(m.range::<[u8], _>((as_ref(&bounds.0), as_ref(&bounds.1)))),
         }
-    }
-}
-
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k.as_slice()),
-        Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
-        Bound::Unbounded => Bound::Unbounded,
     }
 }
 
