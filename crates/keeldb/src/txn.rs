@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use crate::accounting::Ending;
@@ -16,7 +16,7 @@ use crate::commit::{AsyncCommit, CommitRequest, ReadItem, TableWrites};
 use crate::cpu::MeterCell;
 use crate::db::Inner;
 use crate::error::{Error, Result};
-use crate::index::KeyRange;
+use crate::index::{KeyRange, Table};
 use crate::options::{Durability, Isolation, MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 pub use crate::scan::{Scan, ScanRange};
 use crate::types::LogPosition;
@@ -118,13 +118,24 @@ fn check_key(key: &[u8]) -> Result<()> {
 pub(crate) struct Snapshot {
     pub db: Arc<Inner>,
     pub ts: u64,
+    /// The first table this snapshot found by name, kept so that later reads of it skip the
+    /// catalog (its lock and a hash of the name). Which table a name means at `ts` never
+    /// changes: a table created or dropped later does so at a timestamp above every visible
+    /// one, so above `ts`; a state replacement ends the old tables at a new timestamp too;
+    /// and the collector frees only tables dropped below the horizon, which this snapshot
+    /// holds at or below `ts`.
+    table: OnceLock<Arc<Table>>,
 }
 
 impl Snapshot {
     pub fn take(db: &Arc<Inner>) -> Result<Snapshot> {
         db.check_open()?;
         let ts = db.published().acquire();
-        Ok(Snapshot { db: Arc::clone(db), ts })
+        Ok(Snapshot::new(db, ts))
+    }
+
+    fn new(db: &Arc<Inner>, ts: u64) -> Snapshot {
+        Snapshot { db: Arc::clone(db), ts, table: OnceLock::new() }
     }
 
     /// A snapshot at a past (or the current) commit timestamp, refused below the horizon.
@@ -132,22 +143,30 @@ impl Snapshot {
         db.check_open()?;
         let view = db.published();
         let ts = view.registry.acquire_at(ts, &view.visible_ts).map_err(|e| crate::db::at_error(ts, e))?;
-        Ok(Snapshot { db: Arc::clone(db), ts })
+        Ok(Snapshot::new(db, ts))
+    }
+
+    /// Calls `f` with the table `name` means at this snapshot, if it exists there.
+    fn with_table<R>(&self, name: &str, f: impl FnOnce(&Table) -> R) -> Option<R> {
+        if let Some(t) = self.table.get() {
+            if *t.name == *name {
+                return Some(f(t));
+            }
+        }
+        let catalog = self.db.published().catalog.read();
+        let t = catalog.table_at(name, self.ts)?;
+        // Only the first table found is kept; a snapshot reading several looks the rest up.
+        let _ = self.table.set(Arc::clone(t));
+        Some(f(t))
     }
 
     fn get(&self, table: &str, key: &[u8]) -> Option<Vec<u8>> {
-        let catalog = self.db.published().catalog.read();
-        let t = catalog.table_at(table, self.ts)?;
-        let data = t.data.read();
-        data.get(key, self.ts)
+        self.with_table(table, |t| t.data.read().get(key, self.ts))?
     }
 
     pub(crate) fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (crate::index::Entries, bool) {
-        let catalog = self.db.published().catalog.read();
-        match catalog.table_at(table, self.ts) {
-            Some(t) => t.data.read().scan_chunk(range, reverse, self.ts, crate::scan::SCAN_CHUNK),
-            None => (Vec::new(), false),
-        }
+        self.with_table(table, |t| t.data.read().scan_chunk(range, reverse, self.ts, crate::scan::SCAN_CHUNK))
+            .unwrap_or_default()
     }
 
     fn tables(&self) -> Vec<String> {
@@ -159,7 +178,7 @@ impl Snapshot {
     /// A second registration of the same snapshot, released on its own.
     fn pin(&self) -> Snapshot {
         self.db.published().registry.pin(self.ts);
-        Snapshot { db: Arc::clone(&self.db), ts: self.ts }
+        Snapshot::new(&self.db, self.ts)
     }
 }
 

@@ -192,3 +192,41 @@ fn serializable_read_only_transactions_validate_without_logging() {
     put(&db, "t", b"k", b"2");
     assert!(matches!(r.commit(), Err(Error::Conflict { .. })));
 }
+
+/// A snapshot remembers the first table it found by name (reads of it skip the catalog). It
+/// must keep reading the tables of its own timestamp: not a table dropped and created again
+/// under the same name after it, nor another table's data for a different name.
+#[test]
+fn a_snapshot_keeps_its_tables_across_drop_and_recreate() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    put(&db, "t", b"k", b"old");
+    put(&db, "u", b"k", b"u");
+    let rx = db.begin_read().unwrap();
+    let mut wx = db.begin_write().unwrap();
+    let mut before = db.begin_write().unwrap();
+    assert_eq!(rx.get("t", b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(before.get("t", b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    // Not created yet at these snapshots, and that is not remembered as absent forever for
+    // the snapshots that come later.
+    assert_eq!(rx.get("n", b"k").unwrap(), None);
+
+    wx.drop_table("t").unwrap();
+    wx.commit().unwrap();
+    put(&db, "t", b"k", b"new");
+    put(&db, "n", b"k", b"n");
+
+    for _ in 0..2 {
+        assert_eq!(rx.get("t", b"k").unwrap().as_deref(), Some(&b"old"[..]), "the dropped table, as of the snapshot");
+        assert_eq!(rx.get("u", b"k").unwrap().as_deref(), Some(&b"u"[..]), "another table by its own name");
+        assert_eq!(rx.get("n", b"k").unwrap(), None, "created after the snapshot");
+    }
+    let scanned: Vec<_> = rx.scan("t", ScanRange::all()).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(scanned, vec![(b"k".to_vec(), b"old".to_vec())]);
+    assert_eq!(before.get("t", b"k").unwrap().as_deref(), Some(&b"old"[..]));
+
+    let fresh = db.begin_read().unwrap();
+    assert_eq!(fresh.get("u", b"k").unwrap().as_deref(), Some(&b"u"[..]));
+    assert_eq!(fresh.get("t", b"k").unwrap().as_deref(), Some(&b"new"[..]), "the table created again");
+    assert_eq!(fresh.get("n", b"k").unwrap().as_deref(), Some(&b"n"[..]));
+}
