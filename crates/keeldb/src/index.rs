@@ -20,6 +20,7 @@ use parking_lot::RwLock;
 use crate::digest::StateDigest;
 use crate::huge::HugePages;
 use crate::order::{prefix, SlotOrder};
+use crate::slot_table::SlotTable;
 
 const INLINE: usize = 22;
 
@@ -184,7 +185,7 @@ pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 /// pages once they reach 2 MiB (`huge.rs`).
 #[derive(Debug)]
 struct Slots(allocator_api2::vec::Vec<Slot, HugePages>);
-type SlotIndex = hashbrown::HashTable<u32, HugePages>;
+type SlotIndex = SlotTable;
 
 impl Default for Slots {
     fn default() -> Self {
@@ -348,24 +349,25 @@ impl TableData {
     fn find(&self, key: &[u8]) -> Option<&Version> {
         let slots = &self.slots;
         let slot =
-            *self.index.find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
+            self.index.find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
         self.slots.get(slot as usize).map(|s| &s.head)
     }
 
     fn slot_of(&self, key: &[u8]) -> Option<usize> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
-            .map(|&i| i as usize)
+            .find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
+            .map(|i| i as usize)
     }
 
     /// Replaces a full hash table by one twice its size, built from the slab: slots read in
-    /// order and inserts in bucket order (see [`fill_index`]). Growing in place, hashbrown would
-    /// rehash every entry by reading its key from a random slot: a cache miss per key, which
-    /// made growth a sixth of a WAL replay.
+    /// order and inserts in home-group order (see [`fill_index`]). The table never reads a
+    /// key, so it cannot rehash in place; the slab's keys are read in order instead of from
+    /// random slots. Twice the capacity, not twice the keys: one more key than the capacity
+    /// would round up to four times as many groups.
     fn grow_index(&mut self) {
         let live = self.index.len();
-        self.rebuild_index((live + 1).saturating_mul(2).max(16));
+        self.rebuild_index(self.index.capacity().saturating_mul(2).max(live + 1).max(16));
     }
 
     /// Replaces the hash table by one sized for `capacity` keys (at least the live ones).
@@ -378,8 +380,8 @@ impl TableData {
                 *f = true;
             }
         }
-        let mut index = SlotIndex::new_in(HugePages);
-        fill_index(&mut index, &self.hasher, &self.slots, &hashes, capacity.max(live), &free);
+        let mut index = SlotIndex::default();
+        fill_index(&mut index, &self.slots, &hashes, capacity.max(live), &free);
         debug_assert_eq!(index.len(), live, "the rebuilt table holds a different number of keys");
         self.index = index;
     }
@@ -402,11 +404,8 @@ impl TableData {
                 (self.slots.len() - 1) as u32
             }
         };
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, n, |&i| {
-            use std::hash::BuildHasher;
-            slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()))
-        });
+        let inserted = self.index.insert_unique(hash, n);
+        debug_assert!(inserted, "the hash table grows before it fills");
         n
     }
 
@@ -415,10 +414,7 @@ impl TableData {
         let slots = &self.slots;
         self.order.remove(key, |i| key_of(slots, i));
         let hash = self.hash(key);
-        if let Ok(entry) =
-            self.index.find_entry(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
-        {
-            let (n, _) = entry.remove();
+        if let Some(n) = self.index.remove(hash, |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)) {
             if let Some(s) = self.slots.get_mut(n as usize) {
                 *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
                 self.free.push(n);
@@ -573,12 +569,11 @@ impl TableData {
         }
         let additional = run.iter().filter(|(_, v)| v.is_some()).count();
         if self.index.capacity() - self.index.len() < additional {
-            self.rebuild_index((self.index.len() + additional).saturating_mul(2));
+            self.rebuild_index(self.index.capacity().saturating_mul(2).max(self.index.len() + additional));
         }
-        let buckets = (self.index.capacity() / 7 * 8).next_power_of_two().max(1) as u64;
         let mut order: Vec<(u64, u32)> =
             run.iter().enumerate().map(|(i, (key, _))| (self.hash(key), i as u32)).collect();
-        order.sort_unstable_by_key(|&(hash, _)| hash & (buckets - 1));
+        order.sort_unstable_by_key(|&(hash, _)| self.index.home(hash));
         for (hash, i) in order {
             if let Some(&(key, value)) = run.get(i as usize) {
                 self.apply_value(table, key, hash, value.map(Box::from), ts, horizon, digest, add);
@@ -621,9 +616,9 @@ impl TableData {
             self.live_bytes += (key.len() + v.len()) as u64;
         }
         let slots = &self.slots;
-        let found = self.index.find(hash, |&i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key));
+        let found = self.index.find(hash, |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key));
         let mut pushed_candidate = false;
-        match found.copied().and_then(|n| self.slots.get_mut(n as usize)) {
+        match found.and_then(|n| self.slots.get_mut(n as usize)) {
             Some(slot) => {
                 let head = &mut slot.head;
                 debug_assert!(head.ts < ts, "versions applied out of order");
@@ -803,8 +798,8 @@ impl SortedLoad {
 
     /// Builds the hash table over everything pushed so far (pushing more after this is a bug).
     pub fn build_index(&mut self) {
-        let TableData { slots, index, hasher, .. } = &mut self.data;
-        fill_index(index, hasher, slots, &self.hashes, self.hashes.len(), &[]);
+        let TableData { slots, index, .. } = &mut self.data;
+        fill_index(index, slots, &self.hashes, self.hashes.len(), &[]);
         self.hashes = Vec::new();
     }
 
@@ -812,9 +807,9 @@ impl SortedLoad {
     /// slab is in key order, so the ordered index is its slot numbers counted up.
     pub fn finish(self) -> TableData {
         let SortedLoad { mut data, hashes } = self;
-        let TableData { slots, index, hasher, order, .. } = &mut data;
+        let TableData { slots, index, order, .. } = &mut data;
         if index.len() != slots.len() {
-            fill_index(index, hasher, slots, &hashes, hashes.len(), &[]);
+            fill_index(index, slots, &hashes, hashes.len(), &[]);
         }
         let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
         *order = SlotOrder::from_sorted(0..n, |i| key_of(slots, i));
@@ -827,36 +822,27 @@ fn key_of(slots: &[Slot], i: u32) -> &[u8] {
     slots.get(i as usize).map_or(&[], |s| s.key.as_slice())
 }
 
-/// Inserts slot `i` under `hashes[i]` for every slot not marked in `free` (which is empty or
-/// one flag per slot), into an empty `index` first sized for `capacity` keys, in the order of
-/// the buckets they land in (hashbrown starts probing at `hash & (buckets - 1)`), so
-/// consecutive inserts touch neighbouring memory. Any order gives the same table; this one
-/// is only faster.
-fn fill_index(
-    index: &mut SlotIndex,
-    hasher: &foldhash::fast::RandomState,
-    slots: &[Slot],
-    hashes: &[u64],
-    capacity: usize,
-    free: &[bool],
-) {
-    use std::hash::BuildHasher;
-    let rehash = |&i: &u32| slots.get(i as usize).map_or(0, |s| hasher.hash_one(s.key.as_slice()));
-    index.reserve(capacity.max(hashes.len() - free.iter().filter(|&&f| f).count()), rehash);
-    let buckets = (index.capacity() / 7 * 8).next_power_of_two().max(1) as u64;
-    let bits = buckets.trailing_zeros();
-    // (bucket << 32) | slot, sorted by bucket.
+/// Fills `index` with slot `i` under `hashes[i]` for every slot not marked in `free` (which
+/// is empty or one flag per slot), replacing it by a table sized for `capacity` keys (at
+/// least those). Inserts go in the order of the groups they start probing at, so consecutive
+/// inserts touch neighbouring memory; any order gives an equally good table.
+fn fill_index(index: &mut SlotIndex, slots: &[Slot], hashes: &[u64], capacity: usize, free: &[bool]) {
+    debug_assert!(slots.len() >= hashes.len(), "a hash for a slot past the slab");
+    *index = SlotIndex::with_capacity(capacity.max(hashes.len() - free.iter().filter(|&&f| f).count()));
+    let bits = index.home_bits();
+    // (home << 32) | slot, sorted by home.
     let mut order: Vec<u64> = hashes
         .iter()
         .enumerate()
         .filter(|&(i, _)| !free.get(i).copied().unwrap_or(false))
-        .map(|(i, h)| ((h & (buckets - 1)) << 32) | (i as u64 & 0xFFFF_FFFF))
+        .map(|(i, &h)| ((index.home(h) as u64) << 32) | (i as u64 & 0xFFFF_FFFF))
         .collect();
     radix_sort_high(&mut order, bits);
     for entry in order {
         let i = entry as u32;
         if let Some(&hash) = hashes.get(i as usize) {
-            index.insert_unique(hash, i, rehash);
+            let inserted = index.insert_unique(hash, i);
+            debug_assert!(inserted, "sized for every key");
         }
     }
 }

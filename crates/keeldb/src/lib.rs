@@ -47,6 +47,7 @@ mod order;
 mod recovery;
 mod registry;
 mod scan;
+mod slot_table;
 mod txn;
 mod types;
 mod verify;
