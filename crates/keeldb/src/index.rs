@@ -118,6 +118,21 @@ impl std::fmt::Debug for Key {
     }
 }
 
+/// `a == b`, without a call to `memcmp` for keys of 8 to 16 bytes (the usual ids and
+/// hashed keys): their first and last 8 bytes, which overlap, cover them. A hash probe
+/// compares the key sought with its slot's key once per tag match.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if (8..=16).contains(&a.len()) {
+        let words = |s: &[u8]| (s.first_chunk::<8>().copied(), s.last_chunk::<8>().copied());
+        return words(a) == words(b);
+    }
+    a == b
+}
+
 /// One version of a key. `value == None` is a tombstone (deleted at `ts`).
 #[derive(Debug)]
 pub(crate) struct Version {
@@ -348,15 +363,16 @@ impl TableData {
 
     fn find(&self, key: &[u8]) -> Option<&Version> {
         let slots = &self.slots;
-        let slot =
-            self.index.find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))?;
+        let slot = self
+            .index
+            .find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))?;
         self.slots.get(slot as usize).map(|s| &s.head)
     }
 
     fn slot_of(&self, key: &[u8]) -> Option<usize> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key))
+            .find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
             .map(|i| i as usize)
     }
 
@@ -414,7 +430,9 @@ impl TableData {
         let slots = &self.slots;
         self.order.remove(key, |i| key_of(slots, i));
         let hash = self.hash(key);
-        if let Some(n) = self.index.remove(hash, |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key)) {
+        if let Some(n) =
+            self.index.remove(hash, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
+        {
             if let Some(s) = self.slots.get_mut(n as usize) {
                 *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
                 self.free.push(n);
@@ -616,7 +634,7 @@ impl TableData {
             self.live_bytes += (key.len() + v.len()) as u64;
         }
         let slots = &self.slots;
-        let found = self.index.find(hash, |i| slots.get(i as usize).is_some_and(|s| s.key.as_slice() == key));
+        let found = self.index.find(hash, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)));
         let mut pushed_candidate = false;
         match found.and_then(|n| self.slots.get_mut(n as usize)) {
             Some(slot) => {
@@ -1369,6 +1387,27 @@ mod tests {
         }
         // The table grew past its first sizes, so rebuilds ran with slots free.
         assert!(t.index.capacity() >= live.len());
+    }
+
+    /// `same_key` must see a difference in any one byte, at every length (its word path
+    /// covers 8 to 16 bytes with two overlapping words), and never call keys of different
+    /// lengths equal, even when one is the other zero-padded.
+    #[test]
+    fn same_key_is_slice_equality() {
+        for len in 0..=24usize {
+            let a: Vec<u8> = (0..len as u8).map(|i| i.wrapping_mul(37).wrapping_add(1)).collect();
+            assert!(same_key(&a, &a.clone()), "len {len}");
+            for at in 0..len {
+                for flip in [1u8, 0x80, 0xff] {
+                    let mut b = a.clone();
+                    b[at] ^= flip;
+                    assert!(!same_key(&a, &b), "len {len}: byte {at} differs by {flip:#x}");
+                }
+            }
+            let mut longer = a.clone();
+            longer.push(0);
+            assert!(!same_key(&a, &longer) && !same_key(&longer, &a), "len {len} and its zero-padded self");
+        }
     }
 
     /// The word comparison of inline keys must agree with slice order everywhere it could
