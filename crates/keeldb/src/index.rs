@@ -24,7 +24,7 @@ use crate::slot_table::SlotTable;
 
 const INLINE: usize = 22;
 
-/// Runs of at least this many writes are applied in hash-bucket order ([`TableData::apply_run`]).
+/// Runs of at least this many writes are applied in hash-table order (by home group) ([`TableData::apply_run`]).
 pub(crate) const RUN_SORT_MIN: usize = 64;
 
 /// A key, stored inline when short (no heap allocation for keys up to 22 bytes).
@@ -275,8 +275,9 @@ impl GcState {
 /// The keys and versions of one table.
 ///
 /// Layout, chosen for memory per key and cache misses per point read: the chains live in a
-/// dense slab (`slots`), a hash table maps a key to its slot number (4 bytes a bucket, so the
-/// table stays cache-resident far longer than one holding whole entries), and the slot numbers
+/// dense slab (`slots`), a hash table maps a key to its slot number (a 1-byte tag and a 4-byte
+/// slot number per entry, in one cache line per probe: `slot_table.rs`; it stays
+/// cache-resident far longer than one holding whole entries), and the slot numbers
 /// in key order ([`SlotOrder`]) serve range scans.
 #[derive(Debug, Default)]
 pub(crate) struct TableData {
@@ -566,7 +567,7 @@ impl TableData {
 
     /// Applies one commit's writes of a run of distinct keys, for recovery (`add` as in
     /// [`TableData::apply_with`]). The result equals applying them one by one in any order, as
-    /// the keys are distinct; a long run is applied in the order of the hash buckets its keys
+    /// the keys are distinct; a long run is applied in the order of the home groups its keys
     /// probe, after growing the table once for all of them, so the probes sweep the table
     /// instead of missing the cache at a random place per key (a third of a WAL replay).
     #[allow(clippy::too_many_arguments)]
@@ -777,8 +778,8 @@ impl TableData {
 /// Builds a table from entries in strictly ascending key order, the order a checkpoint holds
 /// them in, every version at timestamp 0. Ascending keys are distinct, so each one is new: no
 /// lookup per key. The slab fills in order, which is already the ordered index's order; the
-/// hash table (sized once) is built at the end by inserting in the order of the buckets the
-/// keys land in, so its memory is written front to back instead of at a random place per key.
+/// hash table (sized once) is built at the end by inserting in the order of the home groups
+/// the keys land in, so its memory is written front to back instead of at a random place per key.
 #[derive(Debug)]
 pub(crate) struct SortedLoad {
     data: TableData,
