@@ -841,19 +841,33 @@ fn key_of(slots: &[Slot], i: u32) -> &[u8] {
     slots.get(i as usize).map_or(&[], |s| s.key.as_slice())
 }
 
+/// Tables of at most `1 << SMALL_TABLE_BITS` groups (2 MiB) are filled in slot order.
+const SMALL_TABLE_BITS: u32 = 15;
+
 /// Fills `index` with slot `i` under `hashes[i]` for every slot not marked in `free` (which
 /// is empty or one flag per slot), replacing it by a table sized for `capacity` keys (at
-/// least those). Inserts go in the order of the groups they start probing at, so consecutive
-/// inserts touch neighbouring memory; any order gives an equally good table.
+/// least those). Inserts into a table larger than the cache go in the order of the groups they
+/// start probing at, so consecutive inserts touch neighbouring memory; any order gives an
+/// equally good table.
 fn fill_index(index: &mut SlotIndex, slots: &[Slot], hashes: &[u64], capacity: usize, free: &[bool]) {
     debug_assert!(slots.len() >= hashes.len(), "a hash for a slot past the slab");
     *index = SlotIndex::with_capacity(capacity.max(hashes.len() - free.iter().filter(|&&f| f).count()));
     let bits = index.home_bits();
+    let is_free = |i: usize| free.get(i).copied().unwrap_or(false);
+    if bits <= SMALL_TABLE_BITS {
+        // A table of 2 MiB or less stays in the cache while it fills: the order costs more
+        // than it saves.
+        for (i, &hash) in hashes.iter().enumerate().filter(|&(i, _)| !is_free(i)) {
+            let inserted = index.insert_unique(hash, i as u32);
+            debug_assert!(inserted, "sized for every key");
+        }
+        return;
+    }
     // (home << 32) | slot, sorted by home.
     let mut order: Vec<u64> = hashes
         .iter()
         .enumerate()
-        .filter(|&(i, _)| !free.get(i).copied().unwrap_or(false))
+        .filter(|&(i, _)| !is_free(i))
         .map(|(i, &h)| ((index.home(h) as u64) << 32) | (i as u64 & 0xFFFF_FFFF))
         .collect();
     radix_sort_high(&mut order, bits);
@@ -1388,6 +1402,34 @@ mod tests {
         }
         // The table grew past its first sizes, so rebuilds ran with slots free.
         assert!(t.index.capacity() >= live.len());
+    }
+
+    /// Both ways of filling the hash table: in slot order (small tables) and sorted by home
+    /// group (larger than the cache), each with free slots left out.
+    #[test]
+    fn fill_index_in_either_order_holds_exactly_the_live_slots() {
+        use std::hash::BuildHasher;
+        let hasher = foldhash::fast::RandomState::default();
+        let n = 5_000usize;
+        let slots: Vec<Slot> = (0..n)
+            .map(|i| Slot {
+                key: Key::new(format!("key-{i}").as_bytes()),
+                head: Version { ts: 1, value: None, older: None },
+                gc: GcState::new(),
+            })
+            .collect();
+        let hashes: Vec<u64> = slots.iter().map(|s| hasher.hash_one(s.key.as_slice())).collect();
+        let free: Vec<bool> = (0..n).map(|i| i % 7 == 3).collect();
+        for capacity in [n, 1 << 20] {
+            let mut index = SlotIndex::default();
+            fill_index(&mut index, &slots, &hashes, capacity, &free);
+            assert_eq!(index.home_bits() > SMALL_TABLE_BITS, capacity > n, "the capacity picks the path");
+            assert_eq!(index.len(), free.iter().filter(|f| !**f).count());
+            for i in 0..n {
+                let found = index.find(hashes[i], |s| s as usize == i);
+                assert_eq!(found.is_some(), !free[i], "capacity {capacity}, slot {i}");
+            }
+        }
     }
 
     /// `same_key` must see a difference in any one byte, at every length (its word path
