@@ -24,7 +24,8 @@ use crate::slot_table::SlotTable;
 
 const INLINE: usize = 22;
 
-/// Runs of at least this many writes are applied in hash-table order (by home group) ([`TableData::apply_run`]).
+/// Runs of at least this many writes are applied in the hash table's home-group order
+/// ([`TableData::apply_run`]).
 pub(crate) const RUN_SORT_MIN: usize = 64;
 
 /// A key, stored inline when short (no heap allocation for keys up to 22 bytes).
@@ -378,7 +379,7 @@ impl TableData {
     }
 
     /// Replaces a full hash table by one twice its size, built from the slab: slots read in
-    /// order and inserts in home-group order (see [`fill_index`]). The table never reads a
+    /// order, inserted in the order [`fill_index`] picks. The table never reads a
     /// key, so it cannot rehash in place; the slab's keys are read in order instead of from
     /// random slots. Twice the capacity, not twice the keys: one more key than the capacity
     /// would round up to four times as many groups.
