@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -167,6 +168,45 @@ func (c *cluster) running(i int) bool {
 		return false
 	default:
 		return true
+	}
+}
+
+// dumpStacks appends the thread stacks of every running member to its log, so that a member
+// which stops answering leaves evidence of where its threads wait: gdb's backtraces when gdb
+// is installed, otherwise each thread's kernel wait channel. At most 60 s per member.
+func (c *cluster) dumpStacks(reason string) {
+	gdb, gdbErr := exec.LookPath("gdb")
+	for i, nd := range c.nodes {
+		if !c.running(i) {
+			continue
+		}
+		c.mu.Lock()
+		cmd := nd.cmd
+		c.mu.Unlock()
+		if cmd == nil || cmd.Process == nil {
+			continue
+		}
+		pid := cmd.Process.Pid
+		f, err := os.OpenFile(nd.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(f, "\n=== keelcheck: thread stacks of pid %d (%s)\n", pid, reason)
+		if gdbErr == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			out, _ := exec.CommandContext(ctx, gdb, "-p", strconv.Itoa(pid), "-batch", "-ex", "thread apply all bt").CombinedOutput()
+			cancel()
+			_, _ = f.Write(out)
+		} else {
+			tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+			for _, t := range tasks {
+				comm, _ := os.ReadFile(filepath.Join(t, "comm"))
+				wchan, _ := os.ReadFile(filepath.Join(t, "wchan"))
+				fmt.Fprintf(f, "%s %s %s\n", filepath.Base(t), strings.TrimSpace(string(comm)), string(wchan))
+			}
+		}
+		f.Close()
+		fmt.Fprintf(os.Stderr, "keelcheck: %s: thread stacks appended to %s\n", nd.name, nd.logPath)
 	}
 }
 

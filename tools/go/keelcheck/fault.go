@@ -468,6 +468,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 			r+1, cfg.rounds, fault, desc, rec.ok.Load()-okBefore, rec.unknown.Load()-unkBefore, herr == nil, time.Since(t).Seconds())
 		if herr != nil {
 			fmt.Fprintf(os.Stderr, "keelcheck: round %d: server never recovered: %v\n", r+1, herr)
+			c.dumpStacks(fmt.Sprintf("round %d: not healthy", r+1))
 			recovered = false
 			break
 		}
