@@ -176,7 +176,7 @@ impl SlotTable {
     /// once `len` reaches `capacity`, well before that).
     pub fn insert_unique(&mut self, hash: u64, slot: u32) -> bool {
         let Some(mask) = self.groups.len().checked_sub(1) else { return false };
-        let home = hash as usize & mask;
+        let home = self.home(hash);
         let mut g = home;
         let mut found = None;
         for _ in 0..self.groups.len() {
@@ -187,13 +187,7 @@ impl SlotTable {
             g = (g + 1) & mask;
         }
         let Some(place) = found else { return false };
-        let mut passed = home;
-        while passed != g {
-            if let Some(count) = self.groups.get_mut(passed).and_then(Group::overflow_mut) {
-                *count = count.saturating_add(1);
-            }
-            passed = (passed + 1) & mask;
-        }
+        self.walk_overflow(home, g, |count| *count = count.saturating_add(1));
         if let Some(group) = self.groups.get_mut(g) {
             if let (Some(m), Some(s)) = (group.meta.get_mut(place), group.slots.get_mut(place)) {
                 *m = tag(hash);
@@ -207,22 +201,30 @@ impl SlotTable {
     /// Removes and returns the slot under `hash` for which `is` holds.
     pub fn remove(&mut self, hash: u64, is: impl FnMut(u32) -> bool) -> Option<u32> {
         let (g, place) = self.locate(hash, is)?;
-        let mask = self.groups.len() - 1;
         let group = self.groups.get_mut(g)?;
         let slot = group.slots.get(place).copied()?;
         *group.meta.get_mut(place)? = 0;
         self.len -= 1;
-        let mut passed = hash as usize & mask;
-        while passed != g {
+        // Saturated counts stay: they no longer know how many they stand for.
+        self.walk_overflow(self.home(hash), g, |count| {
+            if *count != u8::MAX {
+                *count = count.saturating_sub(1);
+            }
+        });
+        Some(slot)
+    }
+
+    /// Applies `change` to the overflow count of every group a probe passes from `home` up
+    /// to (not including) group `to`, where its entry sits.
+    fn walk_overflow(&mut self, home: usize, to: usize, change: impl Fn(&mut u8)) {
+        let mask = self.groups.len().saturating_sub(1);
+        let mut passed = home;
+        while passed != to {
             if let Some(count) = self.groups.get_mut(passed).and_then(Group::overflow_mut) {
-                // Saturated counts stay: they no longer know how many they stand for.
-                if *count != u8::MAX {
-                    *count = count.saturating_sub(1);
-                }
+                change(count);
             }
             passed = (passed + 1) & mask;
         }
-        Some(slot)
     }
 
     /// Checks the overflow counts against the entries (tests).

@@ -156,7 +156,9 @@ impl Snapshot {
         let catalog = self.db.published().catalog.read();
         let t = catalog.table_at(name, self.ts)?;
         // Only the first table found is kept; a snapshot reading several looks the rest up.
-        let _ = self.table.set(Arc::clone(t));
+        if self.table.get().is_none() {
+            let _ = self.table.set(Arc::clone(t));
+        }
         Some(f(t))
     }
 
