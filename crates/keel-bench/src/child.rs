@@ -156,9 +156,12 @@ fn scale(spec: &ChildSpec) -> anyhow::Result<ChildReport> {
     let rx = db.begin_read()?;
     let mut order = IndexStream::new(0xbead, spec.records);
     let mut found = 0u64;
+    let mut buf = Vec::new();
     let started = Instant::now();
     for _ in 0..spec.reads {
-        if std::hint::black_box(rx.get(peers::keeldb::TABLE, &key16(order.next_index()))?).is_some() {
+        if std::hint::black_box(rx.get_into(peers::keeldb::TABLE, &key16(order.next_index()), &mut buf)?)
+            && std::hint::black_box(&buf).len() == spec.value_bytes
+        {
             found += 1;
         }
     }

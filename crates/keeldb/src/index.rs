@@ -500,6 +500,20 @@ impl TableData {
         head.visible(snapshot)?.value.as_deref().map(<[u8]>::to_vec)
     }
 
+    /// [`TableData::get`] into the caller's buffer: replaces `out`'s contents with the value
+    /// and returns true, or empties `out` and returns false. A reused buffer makes a read
+    /// allocate nothing.
+    pub fn get_into(&self, key: &[u8], snapshot: u64, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        match self.find(key).and_then(|head| head.visible(snapshot)).and_then(|v| v.value.as_deref()) {
+            Some(value) => {
+                out.extend_from_slice(value);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Newest commit timestamp that wrote `key`, visible or not.
     #[cfg(test)]
     pub fn head_ts(&self, key: &[u8]) -> Option<u64> {

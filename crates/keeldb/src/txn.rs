@@ -166,6 +166,16 @@ impl Snapshot {
         self.with_table(table, |t| t.data.read().get(key, self.ts))?
     }
 
+    fn get_into(&self, table: &str, key: &[u8], out: &mut Vec<u8>) -> bool {
+        match self.with_table(table, |t| t.data.read().get_into(key, self.ts, out)) {
+            Some(found) => found,
+            None => {
+                out.clear();
+                false
+            }
+        }
+    }
+
     pub(crate) fn chunk(&self, table: &str, range: &KeyRange, reverse: bool) -> (crate::index::Entries, bool) {
         self.with_table(table, |t| t.data.read().scan_chunk(range, reverse, self.ts, crate::scan::SCAN_CHUNK))
             .unwrap_or_default()
@@ -236,6 +246,16 @@ impl ReadTxn {
         check_key(key)?;
         self.acct.meter.check()?;
         Ok(self.snap.get(table, key))
+    }
+
+    /// [`ReadTxn::get`] into a buffer the caller keeps: on `Ok(true)` `out` holds exactly the
+    /// value; on `Ok(false)` (no such key or table) it is empty; on an error it is unchanged.
+    /// Reusing one buffer across reads spares an allocation and a free per read.
+    pub fn get_into(&self, table: &str, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        check_table_name(table)?;
+        check_key(key)?;
+        self.acct.meter.check()?;
+        Ok(self.snap.get_into(table, key, out))
     }
 
     /// Entries of `table` within `range`, in key order (or reverse).

@@ -381,3 +381,40 @@ fn a_path_that_is_a_file_is_not_a_store_and_is_left_alone() {
     let names: Vec<_> = std::fs::read_dir(t.dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["plain-file"], "a failed open created files");
 }
+
+#[test]
+fn get_into_replaces_the_buffer_and_agrees_with_get() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    put(&db, "t", b"short", b"s");
+    put(&db, "t", b"long", &[7u8; 300]);
+    put(&db, "t", b"gone", b"here before");
+    let old = db.begin_read().unwrap();
+    let mut tx = db.begin_write().unwrap();
+    tx.delete("t", b"gone").unwrap();
+    tx.put("t", b"short", b"changed").unwrap();
+    tx.commit().unwrap();
+    let now = db.begin_read().unwrap();
+
+    let mut buf = b"left over from before".to_vec();
+    for rx in [&old, &now] {
+        for key in [&b"short"[..], b"long", b"gone", b"never"] {
+            let found = rx.get_into("t", key, &mut buf).unwrap();
+            let expected = rx.get("t", key).unwrap();
+            assert_eq!(found, expected.is_some(), "{key:?}");
+            assert_eq!(buf, expected.unwrap_or_default(), "{key:?}: the buffer holds exactly the value");
+        }
+        buf.extend_from_slice(b"junk");
+        assert!(!rx.get_into("no such table", b"k", &mut buf).unwrap());
+        assert!(buf.is_empty(), "a missing table empties the buffer too");
+    }
+    assert_eq!(old.get_into("t", b"short", &mut buf).ok(), Some(true));
+    assert_eq!(buf, b"s", "the old snapshot's value");
+
+    // Bad input is refused and leaves the buffer alone.
+    let before = buf.clone();
+    let big_key = vec![0u8; MAX_KEY_BYTES + 1];
+    assert!(matches!(now.get_into("t", &big_key, &mut buf), Err(Error::LimitExceeded { what: "key", .. })));
+    assert!(matches!(now.get_into("", b"k", &mut buf), Err(Error::InvalidArgument(_))));
+    assert_eq!(buf, before);
+}

@@ -100,7 +100,8 @@ struct FjallReader<'a> {
 }
 
 impl Reader for FjallReader<'_> {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.snapshot.get(self.keyspace, key)?.map(|v| v.to_vec()))
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let value = self.snapshot.get(self.keyspace, key)?;
+        Ok(super::copy_into(value.as_deref(), out))
     }
 }

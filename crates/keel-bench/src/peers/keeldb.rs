@@ -97,7 +97,7 @@ impl Store for KeelStore {
 struct KeelReader(ReadTxn);
 
 impl Reader for KeelReader {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.0.get(TABLE, key)?)
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        Ok(self.0.get_into(TABLE, key, out)?)
     }
 }

@@ -121,7 +121,7 @@ struct LmdbReader<'a> {
 }
 
 impl Reader for LmdbReader<'_> {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.db.get(&self.tx, key)?.map(<[u8]>::to_vec))
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        Ok(super::copy_into(self.db.get(&self.tx, key)?, out))
     }
 }

@@ -89,8 +89,29 @@ pub trait Store: Send + Sync {
 
 /// Point reads.
 pub trait Reader {
-    /// The value under `key`, if any.
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>>;
+    /// Replaces `out`'s contents with the value under `key` and returns true, or returns false
+    /// when there is none. Each store does it its own cheapest way (borrowing from a page, a
+    /// pinned block or a shared buffer where it can), then copies into the caller's buffer, so
+    /// a point-read loop that reuses one buffer allocates nothing per read in any store.
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool>;
+
+    /// The value under `key`, if any, in a new vector.
+    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.get_into(key, &mut out)?.then_some(out))
+    }
+}
+
+/// Copies a borrowed value into the caller's buffer, for [`Reader::get_into`].
+pub(crate) fn copy_into(value: Option<&[u8]>, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    match value {
+        Some(v) => {
+            out.extend_from_slice(v);
+            true
+        }
+        None => false,
+    }
 }
 
 /// A system that can open stores.

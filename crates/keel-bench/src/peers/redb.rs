@@ -110,7 +110,8 @@ impl Store for RedbStore {
 struct RedbReader(ReadOnlyTable<&'static [u8], &'static [u8]>);
 
 impl Reader for RedbReader {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.0.get(key)?.map(|v| v.value().to_vec()))
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let guard = self.0.get(key)?;
+        Ok(super::copy_into(guard.as_ref().map(|v| v.value()), out))
     }
 }

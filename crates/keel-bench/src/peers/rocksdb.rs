@@ -93,7 +93,8 @@ impl Store for RocksStore {
 struct RocksReader<'a>(&'a DB);
 
 impl Reader for RocksReader<'_> {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.0.get_pinned(key)?.map(|v| v.to_vec()))
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let value = self.0.get_pinned(key)?;
+        Ok(super::copy_into(value.as_deref(), out))
     }
 }

@@ -150,11 +150,15 @@ struct SqliteReader<'a> {
 }
 
 impl Reader for SqliteReader<'_> {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
         let conn = self.conn.as_ref().context("reader already returned")?;
-        let value =
-            conn.prepare_cached("SELECT v FROM kv WHERE k = ?1")?.query_row(params![key], |r| r.get(0)).optional()?;
-        Ok(value)
+        let mut statement = conn.prepare_cached("SELECT v FROM kv WHERE k = ?1")?;
+        let mut rows = statement.query(params![key])?;
+        let value = match rows.next()? {
+            Some(row) => Some(row.get_ref(0)?.as_blob()?),
+            None => None,
+        };
+        Ok(super::copy_into(value, out))
     }
 }
 

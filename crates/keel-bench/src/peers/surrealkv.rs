@@ -107,7 +107,8 @@ impl Store for SurrealStore {
 struct SurrealReader(Transaction);
 
 impl Reader for SurrealReader {
-    fn get(&mut self, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
-        Ok(self.0.get(key)?.map(|v| v.to_vec()))
+    fn get_into(&mut self, key: &[u8], out: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let value = self.0.get(key)?;
+        Ok(super::copy_into(value.as_deref(), out))
     }
 }

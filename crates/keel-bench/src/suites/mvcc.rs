@@ -98,8 +98,9 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
 }
 
 /// The same large table in a peer (relaxed, loaded in transactions of `load_batch` keys), then
-/// point reads in the same pseudo-random order from one reader (snapshot), bounded in time so
-/// a slow peer cannot stall the run.
+/// point reads in the same pseudo-random order from one reader (snapshot), each into one reused
+/// buffer ([`crate::peers::Reader::get_into`]), bounded in time so a slow peer cannot stall the
+/// run.
 fn peer_point_reads(
     context: &SuiteContext,
     peer: &dyn System,
@@ -124,10 +125,11 @@ fn peer_point_reads(
     let mut order = IndexStream::new(0xbead, n);
     let (mut reads, mut found) = (0u64, 0u64);
     let limit = Duration::from_secs_f64(plan.peer_read_s);
+    let mut buf = Vec::new();
     let started = Instant::now();
     while reads < plan.large_reads && (reads == 0 || started.elapsed() < limit) {
         for _ in 0..1_000 {
-            if black_box(reader.get(&key16(order.next_index()))?).is_some() {
+            if black_box(reader.get_into(&key16(order.next_index()), &mut buf)?) && black_box(&buf).len() == 100 {
                 found += 1;
             }
         }
@@ -341,7 +343,7 @@ fn read_loop(
 }
 
 /// Loads `large_keys` keys (16-byte keys, 100-byte values) in relaxed transactions, then
-/// point-reads them in a pseudo-random order; resident memory per key is measured by loading
+/// point-reads them in a pseudo-random order into one reused buffer, as the peers read; resident memory per key is measured by loading
 /// the same table in a fresh child process.
 fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let n = plan.large_keys;
@@ -366,9 +368,10 @@ fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> an
     let rx = db.begin_read()?;
     let mut order = IndexStream::new(0xbead, n);
     let mut found = 0u64;
+    let mut buf = Vec::new();
     let started = Instant::now();
     for _ in 0..plan.large_reads {
-        if black_box(rx.get(table, &key16(order.next_index()))?).is_some() {
+        if black_box(rx.get_into(table, &key16(order.next_index()), &mut buf)?) && black_box(&buf).len() == 100 {
             found += 1;
         }
     }
