@@ -21,6 +21,7 @@ use crate::digest::StateDigest;
 use crate::huge::HugePages;
 use crate::order::{prefix, SlotOrder};
 use crate::slot_table::SlotTable;
+use crate::value_arena::{ValueArena, ValueRef};
 
 const INLINE: usize = 22;
 
@@ -134,12 +135,26 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a == b
 }
 
-/// One version of a key. `value == None` is a tombstone (deleted at `ts`).
+/// One version of a key. `value == None` is a tombstone (deleted at `ts`). The value's bytes
+/// live in the table's [`ValueArena`], which the table frees them from when it drops the
+/// version ([`free_chain`]): a version dropped any other way keeps its block until the table
+/// goes.
 #[derive(Debug)]
 pub(crate) struct Version {
     pub ts: u64,
-    pub value: Option<Box<[u8]>>,
+    pub value: Option<ValueRef>,
     pub older: Option<Box<Version>>,
+}
+
+/// Drops `v` and every older version, giving their values back to `values`.
+fn free_chain(values: &mut ValueArena, v: Version) {
+    let mut next = Some(v);
+    while let Some(mut v) = next {
+        if let Some(r) = v.value.take() {
+            values.free(r);
+        }
+        next = v.older.take().map(|b| *b);
+    }
 }
 
 impl Version {
@@ -157,7 +172,7 @@ impl Version {
     /// Drops every version older than the one visible at `horizon`. Returns the freed bytes
     /// and the chain's new [`GcState::prunable_at`]: the timestamp of its second-oldest version
     /// (pruning frees something only once the horizon reaches it), or [`GcState::NEVER`].
-    pub fn prune(&mut self, horizon: u64) -> (usize, u64) {
+    pub fn prune(&mut self, horizon: u64, values: &mut ValueArena) -> (usize, u64) {
         let mut newer_ts = GcState::NEVER;
         let mut v = self;
         loop {
@@ -165,7 +180,10 @@ impl Version {
                 let mut freed = 0;
                 let mut rest = v.older.take();
                 while let Some(mut old) = rest {
-                    freed += old.value.as_ref().map_or(0, |b| b.len());
+                    if let Some(r) = old.value.take() {
+                        freed += r.len();
+                        values.free(r);
+                    }
                     rest = old.older.take();
                 }
                 return (freed, newer_ts);
@@ -283,6 +301,8 @@ impl GcState {
 #[derive(Debug, Default)]
 pub(crate) struct TableData {
     slots: Slots,
+    /// The versions' value bytes.
+    values: ValueArena,
     free: Vec<u32>,
     index: SlotIndex,
     hasher: foldhash::fast::RandomState,
@@ -436,7 +456,10 @@ impl TableData {
             self.index.remove(hash, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
         {
             if let Some(s) = self.slots.get_mut(n as usize) {
-                *s = Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
+                let empty =
+                    Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
+                let old = std::mem::replace(s, empty);
+                free_chain(&mut self.values, old.head);
                 self.free.push(n);
             }
         }
@@ -497,7 +520,7 @@ impl TableData {
 
     pub fn get(&self, key: &[u8], snapshot: u64) -> Option<Vec<u8>> {
         let head = self.find(key)?;
-        head.visible(snapshot)?.value.as_deref().map(<[u8]>::to_vec)
+        head.visible(snapshot)?.value.map(|r| self.values.get(r).to_vec())
     }
 
     /// [`TableData::get`] into the caller's buffer: replaces `out`'s contents with the value
@@ -505,9 +528,9 @@ impl TableData {
     /// allocate nothing.
     pub fn get_into(&self, key: &[u8], snapshot: u64, out: &mut Vec<u8>) -> bool {
         out.clear();
-        match self.find(key).and_then(|head| head.visible(snapshot)).and_then(|v| v.value.as_deref()) {
-            Some(value) => {
-                out.extend_from_slice(value);
+        match self.find(key).and_then(|head| head.visible(snapshot)).and_then(|v| v.value) {
+            Some(r) => {
+                out.extend_from_slice(self.values.get(r));
                 true
             }
             None => false,
@@ -527,7 +550,7 @@ impl TableData {
         if range.is_empty() {
             return (out, false);
         }
-        let slots = &self.slots;
+        let (slots, values) = (&self.slots, &self.values);
         let mut more = false;
         self.order.scan(
             range.as_refs(),
@@ -535,12 +558,12 @@ impl TableData {
             |i| key_of(slots, i),
             |i| {
                 let Some(slot) = slots.get(i as usize) else { return true };
-                if let Some(value) = slot.head.visible(snapshot).and_then(|v| v.value.as_deref()) {
+                if let Some(r) = slot.head.visible(snapshot).and_then(|v| v.value) {
                     if out.len() >= limit {
                         more = true;
                         return false;
                     }
-                    out.push((slot.key.as_slice().to_vec(), value.to_vec()));
+                    out.push((slot.key.as_slice().to_vec(), values.get(r).to_vec()));
                 }
                 true
             },
@@ -577,7 +600,7 @@ impl TableData {
         add: bool,
     ) {
         let hash = self.hash(key);
-        self.apply_value(table, key, hash, value.map(Box::from), ts, horizon, digest, add);
+        self.apply_value(table, key, hash, value, ts, horizon, digest, add);
     }
 
     /// Applies one commit's writes of a run of distinct keys, for recovery (`add` as in
@@ -610,13 +633,12 @@ impl TableData {
         order.sort_unstable_by_key(|&(hash, _)| self.index.home(hash));
         for (hash, i) in order {
             if let Some(&(key, value)) = run.get(i as usize) {
-                self.apply_value(table, key, hash, value.map(Box::from), ts, horizon, digest, add);
+                self.apply_value(table, key, hash, value, ts, horizon, digest, add);
             }
         }
     }
 
-    /// [`TableData::apply`] of a value the caller owns: the index keeps its buffer (no copy
-    /// when the vector's capacity is its length, as a transaction's write set holds them).
+    /// [`TableData::apply`] of a value the caller owns (a transaction's write set).
     pub fn apply_owned(
         &mut self,
         table: &str,
@@ -627,7 +649,7 @@ impl TableData {
         digest: &mut StateDigest,
     ) {
         let hash = self.hash(key);
-        self.apply_value(table, key, hash, value.map(Vec::into_boxed_slice), ts, horizon, digest, true);
+        self.apply_value(table, key, hash, value.as_deref(), ts, horizon, digest, true);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -636,13 +658,13 @@ impl TableData {
         table: &str,
         key: &[u8],
         hash: u64,
-        value: Option<Box<[u8]>>,
+        value: Option<&[u8]>,
         ts: u64,
         horizon: u64,
         digest: &mut StateDigest,
         add: bool,
     ) {
-        if let Some(v) = value.as_deref() {
+        if let Some(v) = value {
             if add {
                 digest.add(table, key, v);
             }
@@ -656,15 +678,17 @@ impl TableData {
             Some(slot) => {
                 let head = &mut slot.head;
                 debug_assert!(head.ts < ts, "versions applied out of order");
-                if let Some(old) = head.value.as_deref() {
-                    digest.remove(table, key, old);
+                if let Some(old) = head.value {
+                    digest.remove(table, key, self.values.get(old));
                     self.live_keys -= 1;
                     self.live_bytes -= (key.len() + old.len()) as u64;
                 }
+                let value = value.map(|v| self.values.alloc(v));
                 let previous = std::mem::replace(head, Version { ts, value, older: None });
                 if previous.value.is_none() && previous.ts <= horizon {
                     // A deleted key collected as far as anyone can see: no need to keep it.
                     slot.gc.set_prunable_at(GcState::NEVER);
+                    free_chain(&mut self.values, previous);
                 } else {
                     if previous.older.is_none() {
                         // Two versions now: the new head is the second-oldest.
@@ -672,7 +696,7 @@ impl TableData {
                     }
                     head.older = Some(Box::new(previous));
                     if horizon >= slot.gc.prunable_at() {
-                        let (_, prunable_at) = head.prune(horizon);
+                        let (_, prunable_at) = head.prune(horizon, &mut self.values);
                         slot.gc.set_prunable_at(prunable_at);
                     }
                 }
@@ -686,9 +710,10 @@ impl TableData {
                 }
             }
             None => {
-                if value.is_none() {
+                let Some(value) = value else {
                     return; // Deleting an absent key changes nothing.
-                }
+                };
+                let value = Some(self.values.alloc(value));
                 let n = self.insert_new(hash, key, Version { ts, value, older: None });
                 match &mut self.order_pending {
                     Some(pending) => pending.push(n),
@@ -724,7 +749,7 @@ impl TableData {
                     slot.gc.set_queued(false);
                     let head = &mut slot.head;
                     if horizon >= slot.gc.prunable_at() {
-                        let (_, prunable_at) = head.prune(horizon);
+                        let (_, prunable_at) = head.prune(horizon, &mut self.values);
                         slot.gc.set_prunable_at(prunable_at);
                     }
                     if head.value.is_none() && head.older.is_none() && head.ts <= horizon {
@@ -777,8 +802,8 @@ impl TableData {
     /// Every live entry at the newest version (used to update the digest when dropping).
     pub fn for_each_live(&self, mut f: impl FnMut(&[u8], &[u8])) {
         for slot in self.slots.iter() {
-            if let Some(value) = slot.head.value.as_deref() {
-                f(slot.key.as_slice(), value);
+            if let Some(r) = slot.head.value {
+                f(slot.key.as_slice(), self.values.get(r));
             }
         }
     }
@@ -820,9 +845,10 @@ impl SortedLoad {
             return Err(OutOfOrder);
         }
         self.hashes.push(data.hash(key));
+        let value_ref = data.values.alloc(value);
         data.slots.push(Slot {
             key: Key::new(key),
-            head: Version { ts: 0, value: Some(value.into()), older: None },
+            head: Version { ts: 0, value: Some(value_ref), older: None },
             gc: GcState::new(),
         });
         data.live_keys += 1;
@@ -1359,6 +1385,44 @@ mod tests {
         assert_eq!(t.chain_depth(b"k"), 0);
         let (entries, _) = t.scan_chunk(&KeyRange { start: Bound::Unbounded, end: Bound::Unbounded }, false, 5, 10);
         assert!(entries.is_empty());
+    }
+
+    /// Each way a version leaves a chain gives its value's block back: pruned by a write,
+    /// pruned by the collector, a collected tombstone's chain replaced by a new value, a
+    /// tombstone removed with its key. Without that the arena grows by a block per round.
+    #[test]
+    fn dropped_versions_give_their_value_blocks_back() {
+        let mut t = TableData::default();
+        let value = |i: u64| vec![i as u8; 1000];
+        let mut ts = 0;
+        for round in 0..300u64 {
+            // Pruned by the write that follows.
+            ts += 1;
+            apply(&mut t, b"a", Some(&value(round)), ts, ts - 1);
+            // History kept, then pruned by the collector.
+            ts += 1;
+            apply(&mut t, b"b", Some(&value(round)), ts, 0);
+            // A value, its tombstone, then a new value once the tombstone is collectable.
+            ts += 1;
+            apply(&mut t, b"c", Some(&value(round)), ts, 0);
+            ts += 1;
+            apply(&mut t, b"c", None, ts, 0);
+            ts += 1;
+            apply(&mut t, b"c", Some(&value(round + 1)), ts, ts - 1);
+            // A value and its tombstone, both collected with the key.
+            ts += 1;
+            apply(&mut t, b"d", Some(&value(round)), ts, 0);
+            ts += 1;
+            apply(&mut t, b"d", None, ts, 0);
+            while t.gc_due(ts) {
+                t.collect(ts, 100);
+            }
+            assert_eq!(t.chain_depth(b"d"), 0);
+        }
+        assert_eq!(t.get(b"a", ts).as_deref(), Some(&value(299)[..]));
+        assert_eq!(t.get(b"b", ts).as_deref(), Some(&value(299)[..]));
+        assert_eq!(t.get(b"c", ts).as_deref(), Some(&value(300)[..]));
+        assert!(t.values.reserved() <= 32 << 10, "{} bytes reserved for a few live values", t.values.reserved());
     }
 
     #[test]

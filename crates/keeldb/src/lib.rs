@@ -50,6 +50,7 @@ mod scan;
 mod slot_table;
 mod txn;
 mod types;
+mod value_arena;
 mod verify;
 mod wal;
 mod wal_writer;

@@ -1,0 +1,319 @@
+//! The values of one table, packed into 2 MiB chunks instead of one heap allocation each.
+//!
+//! Why: a point read in a large table misses the cache three times (hash group, slot, value).
+//! The hash table and the slot slab sit in huge pages (`huge.rs`), but a value allocated on
+//! its own sits in the allocator's 4 KiB pages, so its miss also walks the page tables. And
+//! the allocator rounds a 100-byte value up to a 112-byte chunk (its header included); here
+//! it takes 104 bytes, its length rounded up to 8.
+//!
+//! How: values of at most [`SMALL_MAX`] bytes take a block of their length rounded up to 8
+//! (their *class*). Blocks are cut from the end of the newest chunk; a freed block goes on
+//! its class's free list (the next block's address written into its first 8 bytes) and is
+//! the first one the next value of that class takes. A longer value gets a chunk of its own,
+//! freed with it. Chunks are allocated by [`HugePages`], so the 2 MiB ones are huge-page
+//! mappings.
+//!
+//! Invariants:
+//! - A [`ValueRef`] handed out by [`ValueArena::alloc`] names bytes that nothing else names
+//!   until it is passed to [`ValueArena::free`], which the owner does exactly once.
+//! - Blocks are cut from a small chunk front to back and never overlap; a small chunk is
+//!   never freed while the arena lives.
+//! - Every block on a class's free list is a freed block of that class.
+//!
+//! All indexing is checked: a wrong reference reads an empty value, never another
+//! allocation's bytes beyond its chunk, and never panics.
+//!
+//! Weakness: freed blocks serve only values of their own class, and small chunks go back to
+//! the system only when the table is dropped. A table whose values change size over time
+//! keeps the blocks of the old sizes for reuse by values of those sizes.
+
+use allocator_api2::vec::Vec as AllocVec;
+
+use crate::huge::HugePages;
+
+/// The largest chunk that small values are cut from: one huge page. The first is
+/// [`FIRST_CHUNK`] bytes, and each next one as large as all before it together, so a table
+/// with a few values holds a few KiB, not a huge page.
+const CHUNK: usize = 2 << 20;
+const FIRST_CHUNK: usize = 4 << 10;
+
+/// Values up to this many bytes are cut from shared chunks; longer ones get a chunk each.
+pub(crate) const SMALL_MAX: usize = 1024;
+
+/// Block sizes are multiples of this (also the room a free block needs for its link).
+const GRAIN: usize = 8;
+
+const CLASSES: usize = SMALL_MAX / GRAIN;
+
+/// No block: the end of a free list.
+const NIL: u64 = u64::MAX;
+
+/// The chunk number of empty values, which take no block.
+const EMPTY: u32 = u32::MAX;
+
+/// Where a value's bytes are: chunk, offset within it, and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ValueRef {
+    chunk: u32,
+    offset: u32,
+    len: u32,
+}
+
+impl ValueRef {
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+}
+
+type Chunk = AllocVec<u8, HugePages>;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct ValueArena {
+    chunks: Vec<Chunk>,
+    /// The small chunk blocks are cut from (`EMPTY` before the first).
+    current: u32,
+    /// How much of `current` blocks have been cut from (its length is its whole size: chunks
+    /// are zeroed once when made, so that values are copied with `memcpy`, not byte by byte).
+    used: usize,
+    /// Head of each class's free list, as `chunk << 32 | offset`, or `NIL` (empty until the
+    /// first free, so that a table that never frees a value holds no list heads).
+    free: Vec<u64>,
+    /// Numbers of chunks whose long value was freed, for the next long value.
+    spare: Vec<u32>,
+    /// Bytes of all small chunks together.
+    small_reserved: usize,
+}
+
+impl Default for ValueArena {
+    fn default() -> Self {
+        ValueArena {
+            chunks: Vec::new(),
+            current: EMPTY,
+            used: 0,
+            free: Vec::new(),
+            spare: Vec::new(),
+            small_reserved: 0,
+        }
+    }
+}
+
+fn block_of(len: usize) -> usize {
+    len.div_ceil(GRAIN) * GRAIN
+}
+
+fn link(chunk: u32, offset: u32) -> u64 {
+    (u64::from(chunk) << 32) | u64::from(offset)
+}
+
+impl ValueArena {
+    /// Copies `value` in; the reference stays valid until [`ValueArena::free`].
+    /// Values longer than `u32::MAX` bytes are not accepted by the engine (`MAX_VALUE_BYTES`).
+    pub fn alloc(&mut self, value: &[u8]) -> ValueRef {
+        let len = value.len();
+        if len == 0 {
+            return ValueRef { chunk: EMPTY, offset: 0, len: 0 };
+        }
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        if len > SMALL_MAX {
+            let mut chunk = Chunk::with_capacity_in(len, HugePages);
+            chunk.resize(len, 0);
+            chunk.copy_from_slice(value);
+            let n = match self.spare.pop() {
+                Some(n) if (n as usize) < self.chunks.len() => {
+                    if let Some(c) = self.chunks.get_mut(n as usize) {
+                        *c = chunk;
+                    }
+                    n
+                }
+                _ => {
+                    self.chunks.push(chunk);
+                    (self.chunks.len() - 1) as u32
+                }
+            };
+            return ValueRef { chunk: n, offset: 0, len: len32 };
+        }
+        let block = block_of(len);
+        let class = block / GRAIN - 1;
+        if let Some(r) = self.take_free(class, value, len32) {
+            return r;
+        }
+        let room = self.chunks.get(self.current as usize).map_or(0, |c| c.len().saturating_sub(self.used));
+        if room < block {
+            let size = self.small_reserved.clamp(FIRST_CHUNK, CHUNK);
+            self.small_reserved += size;
+            let mut chunk = Chunk::with_capacity_in(size, HugePages);
+            chunk.resize(size, 0);
+            self.chunks.push(chunk);
+            self.current = (self.chunks.len() - 1) as u32;
+            self.used = 0;
+        }
+        let offset = self.used;
+        let dst = self.chunks.get_mut(self.current as usize).and_then(|c| c.get_mut(offset..offset + len));
+        debug_assert!(dst.is_some(), "the chunk has room for the block");
+        let Some(dst) = dst else {
+            return ValueRef { chunk: EMPTY, offset: 0, len: 0 }; // unreachable: room was checked
+        };
+        dst.copy_from_slice(value);
+        self.used += block;
+        ValueRef { chunk: self.current, offset: offset as u32, len: len32 }
+    }
+
+    /// A block from `class`'s free list, filled with `value`.
+    fn take_free(&mut self, class: usize, value: &[u8], len: u32) -> Option<ValueRef> {
+        let head = *self.free.get(class)?;
+        if head == NIL {
+            return None;
+        }
+        let (chunk, offset) = ((head >> 32) as u32, head as u32);
+        let start = offset as usize;
+        let block = self.chunks.get_mut(chunk as usize)?.get_mut(start..start + (class + 1) * GRAIN)?;
+        let next = block.first_chunk::<8>().map_or(NIL, |b| u64::from_le_bytes(*b));
+        block.get_mut(..value.len())?.copy_from_slice(value);
+        if let Some(h) = self.free.get_mut(class) {
+            *h = next;
+        }
+        Some(ValueRef { chunk, offset, len })
+    }
+
+    /// The bytes of `r` (empty if `r` names nothing here, which is a bug of the caller).
+    #[inline]
+    pub fn get(&self, r: ValueRef) -> &[u8] {
+        let start = r.offset as usize;
+        self.chunks.get(r.chunk as usize).and_then(|c| c.get(start..start + r.len as usize)).unwrap_or_default()
+    }
+
+    /// Gives `r`'s bytes back. Each reference must be freed at most once.
+    pub fn free(&mut self, r: ValueRef) {
+        let len = r.len as usize;
+        if len == 0 || r.chunk == EMPTY {
+            return;
+        }
+        if len > SMALL_MAX {
+            if let Some(c) = self.chunks.get_mut(r.chunk as usize) {
+                *c = Chunk::new_in(HugePages);
+                self.spare.push(r.chunk);
+            }
+            return;
+        }
+        let block = block_of(len);
+        let class = block / GRAIN - 1;
+        if self.free.is_empty() {
+            self.free = vec![NIL; CLASSES];
+        }
+        let Some(head) = self.free.get_mut(class) else { return };
+        let start = r.offset as usize;
+        let Some(bytes) = self.chunks.get_mut(r.chunk as usize).and_then(|c| c.get_mut(start..start + block)) else {
+            return;
+        };
+        if let Some(first) = bytes.first_chunk_mut::<8>() {
+            *first = head.to_le_bytes();
+            *head = link(r.chunk, r.offset);
+        }
+    }
+
+    /// Bytes reserved from the system: every chunk's capacity (zeroed when made).
+    #[cfg(test)]
+    pub fn reserved(&self) -> usize {
+        self.chunks.iter().map(|c| c.capacity()).sum()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn value(seed: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
+    }
+
+    #[test]
+    fn values_read_back_and_freed_blocks_are_reused_by_their_class() {
+        let mut a = ValueArena::default();
+        let r1 = a.alloc(&value(1, 100));
+        let r2 = a.alloc(&value(2, 100));
+        let empty = a.alloc(&[]);
+        assert_eq!(a.get(r1), &value(1, 100)[..]);
+        assert_eq!(a.get(r2), &value(2, 100)[..]);
+        assert_eq!(a.get(empty), b"");
+        assert_eq!(a.reserved(), FIRST_CHUNK, "one small chunk holds both");
+        a.free(r1);
+        a.free(empty);
+        assert_eq!(a.get(r2), &value(2, 100)[..], "freeing one block leaves its neighbour alone");
+        // 97..=104 bytes share r1's class: the next such value takes its block.
+        let r3 = a.alloc(&value(3, 97));
+        assert_eq!((r3.chunk, r3.offset), (r1.chunk, r1.offset));
+        assert_eq!(a.get(r3), &value(3, 97)[..]);
+        // Another class does not.
+        let r4 = a.alloc(&value(4, 40));
+        assert_ne!((r4.chunk, r4.offset), (r1.chunk, r1.offset));
+        assert_eq!(a.get(r2), &value(2, 100)[..]);
+    }
+
+    #[test]
+    fn long_values_get_their_own_chunk_freed_with_them() {
+        let mut a = ValueArena::default();
+        let long = value(9, SMALL_MAX + 1);
+        let r = a.alloc(&long);
+        assert_eq!(a.get(r), &long[..]);
+        let small = a.alloc(&value(1, 8));
+        a.free(r);
+        assert_eq!(a.get(r), b"", "a freed long value's chunk is gone");
+        let huge = value(10, 3 << 20);
+        let r2 = a.alloc(&huge);
+        assert_eq!(r2.chunk, r.chunk, "its number is reused");
+        assert_eq!(a.get(r2), &huge[..]);
+        assert_eq!(a.get(small), &value(1, 8)[..]);
+    }
+
+    #[test]
+    fn chunks_double_up_to_a_huge_page() {
+        let mut a = ValueArena::default();
+        let first = FIRST_CHUNK / 1024;
+        let refs: Vec<ValueRef> = (0..20_000u64).map(|i| a.alloc(&value(i, 1020))).collect();
+        assert_eq!(refs[first - 1].chunk, refs[0].chunk);
+        assert_ne!(refs[first].chunk, refs[0].chunk, "a full chunk starts another");
+        let sizes: Vec<usize> = a.chunks.iter().map(|c| c.capacity()).collect();
+        assert_eq!(sizes[..3], [FIRST_CHUNK, FIRST_CHUNK, 2 * FIRST_CHUNK]);
+        assert!(sizes.iter().all(|&s| s <= CHUNK));
+        assert_eq!(sizes.last(), Some(&CHUNK), "{sizes:?}");
+        for (i, r) in refs.iter().enumerate() {
+            assert_eq!(a.get(*r), &value(i as u64, 1020)[..]);
+        }
+    }
+
+    /// Random allocations and frees of every size class against a model.
+    #[test]
+    fn random_allocs_and_frees_match_a_model() {
+        let mut a = ValueArena::default();
+        let mut live: Vec<(ValueRef, Vec<u8>)> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if live.is_empty() || !x.is_multiple_of(3) {
+                let len = match x % 10 {
+                    0 => 0,
+                    1 => SMALL_MAX + (x >> 8) as usize % 3000,
+                    _ => 1 + (x >> 8) as usize % SMALL_MAX,
+                };
+                let v = value(step, len);
+                let r = a.alloc(&v);
+                live.push((r, v));
+            } else {
+                let (r, _) = live.swap_remove((x >> 8) as usize % live.len());
+                a.free(r);
+            }
+            if step % 1000 == 0 {
+                for (r, v) in &live {
+                    assert_eq!(a.get(*r), &v[..], "step {step}");
+                }
+            }
+        }
+        for (r, v) in &live {
+            assert_eq!(a.get(*r), &v[..]);
+        }
+    }
+}
