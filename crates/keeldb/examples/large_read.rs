@@ -1,6 +1,6 @@
 //! Profiling driver for the mvcc suite's large table: N keys (16-byte, hashed prefix) with
 //! 100-byte values loaded in relaxed transactions of 10,000, resident bytes per key, then R
-//! point reads in a pseudo-random order from one snapshot, by `get` and then by `get_into`.
+//! point reads in a pseudo-random order from one snapshot, by `get`, by `get_into`, then by `get_many` 64 keys at a time.
 //! Usage: large_read N R
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use keeldb::{Database, Durability, Options};
@@ -62,6 +62,21 @@ fn main() {
     let read_into = t.elapsed();
     assert_eq!(found, 2 * reads);
     println!("get_into: {:.0} ns/read", read_into.as_nanos() as f64 / reads as f64);
+    // The same reads, 64 keys per get_many call.
+    let mut state = 0xbeadu64;
+    let mut batch: Vec<[u8; 16]> = Vec::with_capacity(64);
+    let t = std::time::Instant::now();
+    for _ in 0..reads / 64 {
+        batch.clear();
+        for _ in 0..64 {
+            state = state.wrapping_add(1);
+            batch.push(key16(mix64(state) % n));
+        }
+        found += black_box(rx.get_many("large", &batch).unwrap()).iter().filter(|v| v.is_some()).count() as u64;
+    }
+    let read_many = t.elapsed();
+    assert_eq!(found, 2 * reads + reads / 64 * 64);
+    println!("get_many (64 a call): {:.0} ns/read", read_many.as_nanos() as f64 / (reads / 64 * 64) as f64);
     println!(
         "{n} keys loaded in {:.2} s ({:.0} keys/s); {:.0} resident bytes/key; {:.0} ns/read",
         load.as_secs_f64(),

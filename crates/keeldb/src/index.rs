@@ -25,6 +25,10 @@ use crate::value_arena::{ValueArena, ValueRef};
 
 const INLINE: usize = 22;
 
+/// Keys per stage of [`TableData::get_many`]: about as many cache misses as a core keeps in
+/// flight.
+const MULTI_GET_BATCH: usize = 16;
+
 /// Runs of at least this many writes are applied in the hash table's home-group order
 /// ([`TableData::apply_run`]).
 pub(crate) const RUN_SORT_MIN: usize = 64;
@@ -534,6 +538,47 @@ impl TableData {
                 true
             }
             None => false,
+        }
+    }
+
+    /// [`TableData::get`] of each of `keys`, appended to `out` in order. The lookups go in
+    /// batches of [`MULTI_GET_BATCH`], stage by stage: every key's hash-table group is read
+    /// first, then the slot each group most likely points to, then the lookups proper (now in
+    /// the cache), then every value, so that the cache misses of a stage (independent loads)
+    /// overlap instead of each read's misses waiting for the one before.
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K], snapshot: u64, out: &mut Vec<Option<Vec<u8>>>) {
+        out.reserve(keys.len());
+        for batch in keys.chunks(MULTI_GET_BATCH) {
+            let mut hashes = [0u64; MULTI_GET_BATCH];
+            let mut touched = 0u8;
+            for (h, key) in hashes.iter_mut().zip(batch) {
+                *h = self.hash(key.as_ref());
+                touched ^= self.index.touch(*h);
+            }
+            for &h in hashes.iter().take(batch.len()) {
+                if let Some(slot) = self.index.likely(h).and_then(|n| self.slots.get(n as usize)) {
+                    touched ^= slot.head.ts as u8;
+                }
+            }
+            let mut found = [None::<&Version>; MULTI_GET_BATCH];
+            for ((f, key), &h) in found.iter_mut().zip(batch).zip(&hashes) {
+                let key = key.as_ref();
+                let slots = &self.slots;
+                *f = self
+                    .index
+                    .find(h, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
+                    .and_then(|n| slots.get(n as usize))
+                    .and_then(|s| s.head.visible(snapshot));
+            }
+            for f in found.iter().take(batch.len()) {
+                if let Some(r) = f.and_then(|v| v.value) {
+                    touched ^= self.values.get(r).first().copied().unwrap_or(0);
+                }
+            }
+            std::hint::black_box(touched);
+            out.extend(
+                found.iter().take(batch.len()).map(|f| f.and_then(|v| v.value).map(|r| self.values.get(r).to_vec())),
+            );
         }
     }
 

@@ -143,6 +143,22 @@ impl SlotTable {
         hash as usize & self.groups.len().saturating_sub(1)
     }
 
+    /// Reads the first byte of `hash`'s home group, so that a batch of lookups can start all
+    /// their groups' cache misses before the first probe waits on one (`TableData::get_many`).
+    #[inline]
+    pub fn touch(&self, hash: u64) -> u8 {
+        self.groups.get(self.home(hash)).map_or(0, |g| g.meta[0])
+    }
+
+    /// The first slot in `hash`'s home group whose tag matches: most likely the key's slot,
+    /// for a batch to start reading before it compares keys (a hint only, never checked).
+    #[inline]
+    pub fn likely(&self, hash: u64) -> Option<u32> {
+        let group = self.groups.get(self.home(hash))?;
+        let place = group.places(tag(hash)).next()?;
+        group.slots.get(place).copied()
+    }
+
     /// The slot under `hash` for which `is` holds.
     #[inline]
     pub fn find(&self, hash: u64, is: impl FnMut(u32) -> bool) -> Option<u32> {

@@ -166,6 +166,14 @@ impl Snapshot {
         self.with_table(table, |t| t.data.read().get(key, self.ts))?
     }
 
+    fn get_many<K: AsRef<[u8]>>(&self, table: &str, keys: &[K]) -> Vec<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        if self.with_table(table, |t| t.data.read().get_many(keys, self.ts, &mut out)).is_none() {
+            out.resize(keys.len(), None);
+        }
+        out
+    }
+
     fn get_into(&self, table: &str, key: &[u8], out: &mut Vec<u8>) -> bool {
         match self.with_table(table, |t| t.data.read().get_into(key, self.ts, out)) {
             Some(found) => found,
@@ -256,6 +264,20 @@ impl ReadTxn {
         check_key(key)?;
         self.acct.meter.check()?;
         Ok(self.snap.get_into(table, key, out))
+    }
+
+    /// The values of `keys` in `table`, in the order of `keys` (`None` where absent). On a
+    /// large table this is several times faster per key than as many [`ReadTxn::get`] calls:
+    /// the keys' cache misses overlap (see `TableData::get_many`). The table is locked for
+    /// reading once per call, so split very long lists to let writers in between. Any key
+    /// over the size limit refuses the whole call before anything is read.
+    pub fn get_many<K: AsRef<[u8]>>(&self, table: &str, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        check_table_name(table)?;
+        for key in keys {
+            check_key(key.as_ref())?;
+        }
+        self.acct.meter.check()?;
+        Ok(self.snap.get_many(table, keys))
     }
 
     /// Entries of `table` within `range`, in key order (or reverse).

@@ -418,3 +418,44 @@ fn get_into_replaces_the_buffer_and_agrees_with_get() {
     assert!(matches!(now.get_into("", b"k", &mut buf), Err(Error::InvalidArgument(_))));
     assert_eq!(buf, before);
 }
+
+#[test]
+fn get_many_agrees_with_get_key_by_key() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    let mut tx = db.begin_write().unwrap();
+    for i in 0..1_000u32 {
+        tx.put("t", format!("key-{i}").as_bytes(), &i.to_le_bytes()).unwrap();
+    }
+    tx.put("t", b"a-long-key-that-is-not-stored-inline-in-its-slot", b"long").unwrap();
+    tx.commit().unwrap();
+    let old = db.begin_read().unwrap();
+    let mut tx = db.begin_write().unwrap();
+    for i in (0..1_000u32).step_by(3) {
+        tx.delete("t", format!("key-{i}").as_bytes()).unwrap();
+    }
+    tx.commit().unwrap();
+    let now = db.begin_read().unwrap();
+
+    // Present, deleted, never written, repeated, and more keys than one batch.
+    let mut keys: Vec<Vec<u8>> = (0..1_100u32).rev().map(|i| format!("key-{i}").into_bytes()).collect();
+    keys.push(b"key-5".to_vec());
+    keys.push(b"a-long-key-that-is-not-stored-inline-in-its-slot".to_vec());
+    keys.push(Vec::new());
+    for rx in [&old, &now] {
+        let many = rx.get_many("t", &keys).unwrap();
+        assert_eq!(many.len(), keys.len());
+        for (key, value) in keys.iter().zip(&many) {
+            assert_eq!(value, &rx.get("t", key).unwrap(), "{key:?}");
+        }
+        assert!(rx.get_many("t", &[] as &[&[u8]]).unwrap().is_empty());
+        assert_eq!(rx.get_many("no such table", &keys[..3]).unwrap(), vec![None, None, None]);
+    }
+    assert_eq!(now.get_many("t", &[b"key-3"]).unwrap(), vec![None], "deleted at this snapshot");
+    assert_eq!(old.get_many("t", &[b"key-3"]).unwrap(), vec![Some(3u32.to_le_bytes().to_vec())]);
+
+    // One bad key refuses the whole call.
+    let big_key = vec![0u8; MAX_KEY_BYTES + 1];
+    let err = now.get_many("t", &[&b"key-1"[..], &big_key]).unwrap_err();
+    assert!(matches!(err, Error::LimitExceeded { what: "key", .. }), "{err}");
+}

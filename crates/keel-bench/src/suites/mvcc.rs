@@ -342,8 +342,12 @@ fn read_loop(
     Ok(elapsed.as_nanos() as f64 / reads.max(1) as f64)
 }
 
+/// Keys per `get_many` call in the large table's batched reads.
+const MULTI_GET: usize = 64;
+
 /// Loads `large_keys` keys (16-byte keys, 100-byte values) in relaxed transactions, then
-/// point-reads them in a pseudo-random order into one reused buffer, as the peers read; resident memory per key is measured by loading
+/// point-reads them in a pseudo-random order into one reused buffer, as the peers read, and
+/// again [`MULTI_GET`] at a time by `get_many`; resident memory per key is measured by loading
 /// the same table in a fresh child process.
 fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> anyhow::Result<Vec<Row>> {
     let n = plan.large_keys;
@@ -376,19 +380,34 @@ fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> an
         }
     }
     let read_elapsed = started.elapsed();
+    // The same reads through `get_many`, MULTI_GET keys a call (no peer has a counterpart, so
+    // this row stands beside the others, not in the comparison).
+    let mut order = IndexStream::new(0xbead, n);
+    let mut keys: Vec<[u8; 16]> = Vec::with_capacity(MULTI_GET);
+    let calls = (plan.large_reads / MULTI_GET as u64).max(1);
+    let started = Instant::now();
+    for _ in 0..calls {
+        keys.clear();
+        keys.extend((0..MULTI_GET).map(|_| key16(order.next_index())));
+        found += black_box(rx.get_many(table, &keys)?).iter().filter(|v| v.is_some()).count() as u64;
+    }
+    let many_elapsed = started.elapsed();
     drop(rx);
+    let many_reads = calls * MULTI_GET as u64;
     ensure!(
-        found == plan.large_reads,
+        found == plan.large_reads + many_reads,
         "engine bug: {} of {} reads of loaded keys found nothing",
-        plan.large_reads - found,
-        plan.large_reads
+        plan.large_reads + many_reads - found,
+        plan.large_reads + many_reads
     );
     db.close().context("closing the store")?;
 
     let case = format!("keys_{n}");
     let read_ns = read_elapsed.as_nanos() as f64 / plan.large_reads.max(1) as f64;
+    let read_many_ns = many_elapsed.as_nanos() as f64 / many_reads.max(1) as f64;
     let mut rows = vec![
         Row::new(SUITE, "keeldb", "relaxed", &case, "read_ns", read_ns),
+        Row::new(SUITE, "keeldb", "relaxed", &case, "read_many_ns", read_many_ns),
         Row::new(SUITE, "keeldb", "relaxed", &case, "load_keys_per_s", per_second(n, load_elapsed)),
     ];
     // Resident bytes per key come from a fresh process: measured here, after the earlier
@@ -411,7 +430,10 @@ fn large_table(context: &SuiteContext, dir: &std::path::Path, plan: &Plan) -> an
     rows.push(Row::new(SUITE, "keeldb", "relaxed", &case, "bytes_per_key", per_key));
     context.progress.line(
         SUITE,
-        format!("keeldb {n} keys: {read_ns:.0} ns/read, {per_key:.0} resident bytes/key (in a fresh process)"),
+        format!(
+            "keeldb {n} keys: {read_ns:.0} ns/read ({read_many_ns:.0} ns/read by get_many, {MULTI_GET} keys a call), \
+             {per_key:.0} resident bytes/key (in a fresh process)"
+        ),
     );
     Ok(rows)
 }
