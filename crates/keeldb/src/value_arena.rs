@@ -7,11 +7,14 @@
 //! it takes 104 bytes, its length rounded up to 8.
 //!
 //! How: values of at most [`SMALL_MAX`] bytes take a block of their length rounded up to 8
-//! (their *class*). Blocks are cut from the end of the newest chunk; a freed block goes on
+//! (their *class*). Blocks are cut front to back from the newest chunk; a freed block goes on
 //! its class's free list (the next block's address written into its first 8 bytes) and is
 //! the first one the next value of that class takes. A longer value gets a chunk of its own,
-//! freed with it. Chunks are allocated by [`HugePages`], so the 2 MiB ones are huge-page
-//! mappings.
+//! freed with it. Chunks double from 4 KiB to 2 MiB. A 2 MiB chunk is a huge-page mapping
+//! (`huge.rs`) when the process-wide pool has one ready: a thread of its own faults those in,
+//! because a huge page's first touch can stall for milliseconds while the kernel compacts
+//! memory, and that touch would otherwise fall inside a commit. With none ready the chunk is
+//! ordinary heap memory, faulted in page by page as blocks are cut.
 //!
 //! Invariants:
 //! - A [`ValueRef`] handed out by [`ValueArena::alloc`] names bytes that nothing else names
@@ -25,7 +28,11 @@
 //!
 //! Weakness: freed blocks serve only values of their own class, and small chunks go back to
 //! the system only when the table is dropped. A table whose values change size over time
-//! keeps the blocks of the old sizes for reuse by values of those sizes.
+//! keeps the blocks of the old sizes for reuse by values of those sizes. The pool holds up
+//! to [`POOL_READY`] ready and [`POOL_MAX`] returned chunks (2 MiB each) for the process's
+//! life once any table has reached 2 MiB chunks.
+
+use std::sync::{Condvar, Mutex, OnceLock};
 
 use allocator_api2::vec::Vec as AllocVec;
 
@@ -65,7 +72,104 @@ impl ValueRef {
     }
 }
 
-type Chunk = AllocVec<u8, HugePages>;
+/// A chunk's memory: a huge-page mapping that the pool's thread has already faulted in and
+/// zeroed, or ordinary heap memory whose pages fault in as blocks are cut (`len` grows with
+/// the blocks; `with_capacity` reserves the rest).
+#[derive(Debug)]
+enum Chunk {
+    Huge(AllocVec<u8, HugePages>),
+    Plain(Vec<u8>),
+}
+
+impl Chunk {
+    fn empty() -> Chunk {
+        Chunk::Plain(Vec::new())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Chunk::Huge(v) => v,
+            Chunk::Plain(v) => v,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Chunk::Huge(v) => v,
+            Chunk::Plain(v) => v,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Chunk::Huge(v) => v.capacity(),
+            Chunk::Plain(v) => v.capacity(),
+        }
+    }
+
+    /// `len` bytes from `offset` on, made part of the chunk first if they are not yet.
+    fn block_mut(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        if let Chunk::Plain(v) = self {
+            if v.len() < offset + len && offset + len <= v.capacity() {
+                v.resize(offset + len, 0);
+            }
+        }
+        self.bytes_mut().get_mut(offset..offset + len)
+    }
+}
+
+/// Huge chunks, faulted in by a thread of their own. A huge page's first touch can stall
+/// for milliseconds while the kernel compacts memory (THP `defrag` at `madvise`, the
+/// default), and the first touch of a chunk is inside a commit; so commits only take chunks
+/// this pool has touched already, and fall back to ordinary heap memory when it has none
+/// ready. Chunks of dropped tables come back here (up to [`POOL_MAX`]).
+struct Pool {
+    ready: Mutex<Vec<AllocVec<u8, HugePages>>>,
+    wanted: Condvar,
+}
+
+/// Chunks the pool's thread keeps ready.
+const POOL_READY: usize = 2;
+/// Chunks the pool keeps at most, counting returned ones.
+const POOL_MAX: usize = 8;
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        // Without the thread the pool stays empty and every chunk is ordinary memory.
+        let _ = std::thread::Builder::new().name("keeldb-chunks".into()).spawn(fill_pool);
+        Pool { ready: Mutex::new(Vec::new()), wanted: Condvar::new() }
+    })
+}
+
+/// The pool's thread: keeps [`POOL_READY`] chunks mapped, faulted in and zeroed.
+fn fill_pool() {
+    let pool = pool();
+    loop {
+        let Ok(mut ready) = pool.ready.lock() else { return };
+        while ready.len() >= POOL_READY {
+            ready = match pool.wanted.wait(ready) {
+                Ok(r) => r,
+                Err(_) => return,
+            };
+        }
+        drop(ready);
+        let mut chunk = AllocVec::with_capacity_in(CHUNK, HugePages);
+        chunk.resize(CHUNK, 0);
+        match pool.ready.lock() {
+            Ok(mut ready) => ready.push(chunk),
+            Err(_) => return,
+        }
+    }
+}
+
+/// A ready huge chunk, if the pool has one; asks its thread for another.
+fn take_huge() -> Option<AllocVec<u8, HugePages>> {
+    let pool = pool();
+    let chunk = pool.ready.lock().ok()?.pop();
+    pool.wanted.notify_one();
+    chunk
+}
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -83,6 +187,22 @@ pub(crate) struct ValueArena {
     spare: Vec<u32>,
     /// Bytes of all small chunks together.
     small_reserved: usize,
+}
+
+impl Drop for ValueArena {
+    /// Gives the huge chunks back to the pool (what it has room for). Not zeroed: nothing
+    /// reads a block's bytes before a value is copied over them.
+    fn drop(&mut self) {
+        for chunk in self.chunks.drain(..) {
+            if let Chunk::Huge(v) = chunk {
+                if let Ok(mut ready) = pool().ready.lock() {
+                    if ready.len() < POOL_MAX && v.len() == CHUNK {
+                        ready.push(v);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Default for ValueArena {
@@ -116,9 +236,7 @@ impl ValueArena {
         }
         let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         if len > SMALL_MAX {
-            let mut chunk = Chunk::with_capacity_in(len, HugePages);
-            chunk.resize(len, 0);
-            chunk.copy_from_slice(value);
+            let chunk = Chunk::Plain(value.to_vec());
             let n = match self.spare.pop() {
                 Some(n) if (n as usize) < self.chunks.len() => {
                     if let Some(c) = self.chunks.get_mut(n as usize) {
@@ -138,18 +256,26 @@ impl ValueArena {
         if let Some(r) = self.take_free(class, value, len32) {
             return r;
         }
-        let room = self.chunks.get(self.current as usize).map_or(0, |c| c.len().saturating_sub(self.used));
+        let room = self.chunks.get(self.current as usize).map_or(0, |c| c.capacity().saturating_sub(self.used));
         if room < block {
             let size = self.small_reserved.clamp(FIRST_CHUNK, CHUNK);
             self.small_reserved += size;
-            let mut chunk = Chunk::with_capacity_in(size, HugePages);
-            chunk.resize(size, 0);
+            let chunk = match (size == CHUNK).then(take_huge).flatten() {
+                Some(huge) => Chunk::Huge(huge),
+                None => Chunk::Plain(Vec::with_capacity(size)),
+            };
             self.chunks.push(chunk);
             self.current = (self.chunks.len() - 1) as u32;
             self.used = 0;
         }
         let offset = self.used;
-        let dst = self.chunks.get_mut(self.current as usize).and_then(|c| c.get_mut(offset..offset + len));
+        // The whole block becomes part of the chunk: a free list links it through its first
+        // 8 bytes, which may lie past the value's end.
+        let dst = self
+            .chunks
+            .get_mut(self.current as usize)
+            .and_then(|c| c.block_mut(offset, block))
+            .and_then(|b| b.get_mut(..len));
         debug_assert!(dst.is_some(), "the chunk has room for the block");
         let Some(dst) = dst else {
             return ValueRef { chunk: EMPTY, offset: 0, len: 0 }; // unreachable: room was checked
@@ -167,7 +293,7 @@ impl ValueArena {
         }
         let (chunk, offset) = ((head >> 32) as u32, head as u32);
         let start = offset as usize;
-        let block = self.chunks.get_mut(chunk as usize)?.get_mut(start..start + (class + 1) * GRAIN)?;
+        let block = self.chunks.get_mut(chunk as usize)?.bytes_mut().get_mut(start..start + (class + 1) * GRAIN)?;
         let next = block.first_chunk::<8>().map_or(NIL, |b| u64::from_le_bytes(*b));
         block.get_mut(..value.len())?.copy_from_slice(value);
         if let Some(h) = self.free.get_mut(class) {
@@ -180,7 +306,7 @@ impl ValueArena {
     #[inline]
     pub fn get(&self, r: ValueRef) -> &[u8] {
         let start = r.offset as usize;
-        self.chunks.get(r.chunk as usize).and_then(|c| c.get(start..start + r.len as usize)).unwrap_or_default()
+        self.chunks.get(r.chunk as usize).and_then(|c| c.bytes().get(start..start + r.len as usize)).unwrap_or_default()
     }
 
     /// Gives `r`'s bytes back. Each reference must be freed at most once.
@@ -191,7 +317,7 @@ impl ValueArena {
         }
         if len > SMALL_MAX {
             if let Some(c) = self.chunks.get_mut(r.chunk as usize) {
-                *c = Chunk::new_in(HugePages);
+                *c = Chunk::empty();
                 self.spare.push(r.chunk);
             }
             return;
@@ -203,7 +329,9 @@ impl ValueArena {
         }
         let Some(head) = self.free.get_mut(class) else { return };
         let start = r.offset as usize;
-        let Some(bytes) = self.chunks.get_mut(r.chunk as usize).and_then(|c| c.get_mut(start..start + block)) else {
+        let Some(bytes) =
+            self.chunks.get_mut(r.chunk as usize).and_then(|c| c.bytes_mut().get_mut(start..start + block))
+        else {
             return;
         };
         if let Some(first) = bytes.first_chunk_mut::<8>() {
@@ -249,6 +377,12 @@ mod tests {
         let r4 = a.alloc(&value(4, 40));
         assert_ne!((r4.chunk, r4.offset), (r1.chunk, r1.offset));
         assert_eq!(a.get(r2), &value(2, 100)[..]);
+        // The newest block, whose value ends short of the block's end, is reused too.
+        let last = a.alloc(&value(5, 97));
+        a.free(last);
+        let again = a.alloc(&value(6, 103));
+        assert_eq!((again.chunk, again.offset), (last.chunk, last.offset));
+        assert_eq!(a.get(again), &value(6, 103)[..]);
     }
 
     #[test]
