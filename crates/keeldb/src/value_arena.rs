@@ -28,9 +28,9 @@
 //!
 //! Weakness: freed blocks serve only values of their own class, and small chunks go back to
 //! the system only when the table is dropped. A table whose values change size over time
-//! keeps the blocks of the old sizes for reuse by values of those sizes. The pool holds up
-//! to [`POOL_READY`] ready and [`POOL_MAX`] returned chunks (2 MiB each) for the process's
-//! life once any table has reached 2 MiB chunks.
+//! keeps the blocks of the old sizes for reuse by values of those sizes. Once any table has
+//! reached 2 MiB chunks, the pool holds at least [`POOL_READY`] and at most [`POOL_MAX`]
+//! chunks (2 MiB each, counting those dropped tables returned) for the process's life.
 
 use std::sync::{Condvar, Mutex, OnceLock};
 
@@ -130,7 +130,7 @@ struct Pool {
 
 /// Chunks the pool's thread keeps ready.
 const POOL_READY: usize = 2;
-/// Chunks the pool keeps at most, counting returned ones.
+/// Chunks the pool holds at most, ready ones and returned ones together.
 const POOL_MAX: usize = 8;
 
 fn pool() -> &'static Pool {
