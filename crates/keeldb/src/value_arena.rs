@@ -177,8 +177,8 @@ pub(crate) struct ValueArena {
     chunks: Vec<Chunk>,
     /// The small chunk blocks are cut from (`EMPTY` before the first).
     current: u32,
-    /// How much of `current` blocks have been cut from (its length is its whole size: chunks
-    /// are zeroed once when made, so that values are copied with `memcpy`, not byte by byte).
+    /// How much of `current` blocks have been cut from (a huge chunk comes zeroed whole, a
+    /// plain one grows block by block: see [`Chunk::block_mut`]).
     used: usize,
     /// Head of each class's free list, as `chunk << 32 | offset`, or `NIL` (empty until the
     /// first free, so that a table that never frees a value holds no list heads).
@@ -193,13 +193,17 @@ impl Drop for ValueArena {
     /// Gives the huge chunks back to the pool (what it has room for). Not zeroed: nothing
     /// reads a block's bytes before a value is copied over them.
     fn drop(&mut self) {
-        for chunk in self.chunks.drain(..) {
-            if let Chunk::Huge(v) = chunk {
-                if let Ok(mut ready) = pool().ready.lock() {
-                    if ready.len() < POOL_MAX && v.len() == CHUNK {
-                        ready.push(v);
-                    }
+        let mut huge = self.chunks.drain(..).filter_map(|c| match c {
+            Chunk::Huge(v) if v.len() == CHUNK => Some(v),
+            _ => None,
+        });
+        let Some(first) = huge.next() else { return };
+        if let Ok(mut ready) = pool().ready.lock() {
+            for v in std::iter::once(first).chain(huge) {
+                if ready.len() >= POOL_MAX {
+                    break;
                 }
+                ready.push(v);
             }
         }
     }
@@ -218,8 +222,10 @@ impl Default for ValueArena {
     }
 }
 
-fn block_of(len: usize) -> usize {
-    len.div_ceil(GRAIN) * GRAIN
+/// The block size and size class of a small value of `len` bytes (`len >= 1`).
+fn block_of(len: usize) -> (usize, usize) {
+    let block = len.div_ceil(GRAIN) * GRAIN;
+    (block, block / GRAIN - 1)
 }
 
 fn link(chunk: u32, offset: u32) -> u64 {
@@ -251,8 +257,7 @@ impl ValueArena {
             };
             return ValueRef { chunk: n, offset: 0, len: len32 };
         }
-        let block = block_of(len);
-        let class = block / GRAIN - 1;
+        let (block, class) = block_of(len);
         if let Some(r) = self.take_free(class, value, len32) {
             return r;
         }
@@ -322,8 +327,7 @@ impl ValueArena {
             }
             return;
         }
-        let block = block_of(len);
-        let class = block / GRAIN - 1;
+        let (block, class) = block_of(len);
         if self.free.is_empty() {
             self.free = vec![NIL; CLASSES];
         }
