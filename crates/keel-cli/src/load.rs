@@ -62,6 +62,11 @@ pub struct LoadArgs {
     /// with KEEL_EMULATED_PEER_DELAY_MS set to half of it to put the same distance between them.
     #[arg(long, default_value_t = 0.0)]
     pub rtt_ms: f64,
+    /// HTTP/2 connections to each member, shared by the tasks (0: one per task, as before).
+    /// Tasks are spread over the connections; through the CURP client each task is still a
+    /// session of its own. etcd's `benchmark` calls these `--conns` and `--clients`.
+    #[arg(long, default_value_t = 0)]
+    pub conns: usize,
     /// Send etcd API calls to the leader only (the CURP client always proposes to the leader),
     /// so a write is not forwarded by a follower on the way.
     #[arg(long)]
@@ -185,18 +190,34 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
         pings.sort_unstable();
         percentile(&pings, 0.5)
     };
+    // Tasks are spread over the endpoints (as etcd's benchmark spreads its clients); each uses
+    // connection (t / endpoints) % conns of its endpoint, or one of its own with --conns=0.
+    let conns = if args.conns == 0 { args.clients.div_ceil(etcd_endpoints.len()) } else { args.conns };
+    let mut etcd_pool = Vec::new();
+    for t in 0..etcd_endpoints.len() * conns {
+        etcd_pool.push(EtcdKv::connect(endpoint(t), Duration::from_secs(5))?);
+    }
+    let mut curp_pool = Vec::new();
+    // A CURP client holds a connection to every member: with --conns=0 each task has its own.
+    let curp_conns = if args.conns == 0 { args.clients } else { args.conns };
+    if args.mode == Mode::Curp {
+        for _ in 0..curp_conns {
+            curp_pool.push(CurpClient::connect(endpoints, Duration::from_secs(5)).await?);
+        }
+    }
     let mut tasks = Vec::new();
     for t in 0..args.clients {
-        // One plain channel per task, tasks spread over the endpoints (as etcd's benchmark
-        // spreads its clients).
-        let etcd = EtcdKv::connect(endpoint(t), Duration::from_secs(5))?;
-        let curp = match args.mode {
-            Mode::Curp => {
-                let c = CurpClient::connect(endpoints, Duration::from_secs(5)).await?.with_emulated_rtt(rtt);
+        let n = etcd_endpoints.len();
+        let Some(etcd) = etcd_pool.get(t % n + n * ((t / n) % conns)).cloned() else {
+            anyhow::bail!("no connection for task {t}")
+        };
+        let curp = match curp_pool.get(if args.conns == 0 { t } else { (t / n) % conns }) {
+            Some(base) => {
+                let c = base.new_session().with_emulated_rtt(rtt);
                 c.bind(t);
                 Some(c)
             }
-            Mode::Etcd => None,
+            None => None,
         };
         let (zipf, value, stop, args) = (Arc::clone(&zipf), value.clone(), Arc::clone(&stop), args.clone());
         tasks.push(tokio::spawn(async move {

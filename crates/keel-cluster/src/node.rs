@@ -498,7 +498,8 @@ impl Node {
 
     /// Voting members' ids, as the last applied membership lists them.
     pub fn voters(&self) -> Vec<u64> {
-        self.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect()
+        // Asked on every CURP call: the ids alone, without cloning each member's URLs.
+        self.sm.progress.lock().membership.membership().voter_ids().collect()
     }
 
     /// Waits (bounded) for a leader to be known.

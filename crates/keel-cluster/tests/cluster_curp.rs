@@ -95,7 +95,8 @@ async fn get(c: &mut etcd_client::Client, k: &str) -> Option<(String, i64, i64)>
 
 /// Non-conflicting writes complete on the fast path with revision 0; a linearizable read
 /// right after each one (at any member) sees it; the synced answer carries the revision; and
-/// two sessions hammering one key (conflicts: slow paths) apply every write exactly once.
+/// three sessions hammering one key (conflicts: slow paths), two of them over one set of
+/// connections, apply every write exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fast_writes_are_read_at_once_and_apply_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -125,11 +126,14 @@ async fn fast_writes_are_read_at_once_and_apply_once() {
     assert!(fast >= 15, "only {fast} of 20 writes on distinct keys took the fast path");
     assert!(revisions.windows(2).all(|w| w[0] < w[1]), "revisions in completion order: {revisions:?}");
 
-    // Two sessions on one key: they conflict, so many go slow; none is lost or doubled.
+    // Three sessions on one key, the third over the first's connections: they conflict, so
+    // many go slow; none is lost or doubled (a shared connection is not a shared session).
     let a = Arc::new(client);
     let b = Arc::new(CurpClient::connect(&urls(&ip, ports), Duration::from_secs(5)).await.unwrap());
+    let c = Arc::new(a.new_session());
+    assert_ne!(c.id(), a.id(), "a new session has an id of its own");
     let mut tasks = Vec::new();
-    for (n, c) in [a.clone(), b.clone()].into_iter().enumerate() {
+    for (n, c) in [a.clone(), b.clone(), c].into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
             for i in 0..30 {
                 c.put(&put("hot", &format!("{n}-{i}"))).await.unwrap();
@@ -140,7 +144,7 @@ async fn fast_writes_are_read_at_once_and_apply_once() {
         t.await.unwrap();
     }
     let (_, version, _) = get(&mut etcd, "hot").await.unwrap();
-    assert_eq!(version, 60, "every write of the hot key applied exactly once");
+    assert_eq!(version, 90, "every write of the hot key applied exactly once");
     let (fa, sa) = a.path_counts();
     let (fb, sb) = b.path_counts();
     eprintln!("fast/slow: session a {fa}/{sa}, session b {fb}/{sb}");

@@ -57,6 +57,7 @@ pub struct Answer {
     pub result: Vec<u8>,
 }
 
+#[derive(Clone)]
 struct Member {
     id: u64,
     channel: Channel,
@@ -206,28 +207,39 @@ impl Client {
                 last = format!("{url}: the member list names no voter with a client URL");
                 continue;
             }
-            return Ok(Client {
-                members,
-                client: loop {
-                    let id: u64 = rand::random();
-                    if id != 0 {
-                        break id;
-                    }
-                },
-                next_seq: AtomicU64::new(1),
-                outstanding: Mutex::new(BTreeSet::new()),
-                term: AtomicU64::new(0),
-                leader: AtomicUsize::new(0),
-                timeout,
-                fast: AtomicU64::new(0),
-                slow: AtomicU64::new(0),
-                half_rtt: Duration::ZERO,
-                bound: AtomicUsize::new(0),
-                weak: Mutex::new(WeakSession::default()),
-                weak_order: tokio::sync::Mutex::new(()),
-            });
+            return Ok(Client::session_over(members, timeout));
         }
         Err(CurpError::Connect(last))
+    }
+
+    fn session_over(members: Vec<Member>, timeout: Duration) -> Client {
+        Client {
+            members,
+            client: loop {
+                let id: u64 = rand::random();
+                if id != 0 {
+                    break id;
+                }
+            },
+            next_seq: AtomicU64::new(1),
+            outstanding: Mutex::new(BTreeSet::new()),
+            term: AtomicU64::new(0),
+            leader: AtomicUsize::new(0),
+            timeout,
+            fast: AtomicU64::new(0),
+            slow: AtomicU64::new(0),
+            half_rtt: Duration::ZERO,
+            bound: AtomicUsize::new(0),
+            weak: Mutex::new(WeakSession::default()),
+            weak_order: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A new session (its own id, sequence numbers from 1, no weak state, bound to the first
+    /// member, no emulated distance) over this one's connections: many sessions can share one
+    /// HTTP/2 connection per member, as etcd clients share theirs.
+    pub fn new_session(&self) -> Client {
+        Client::session_over(self.members.clone(), self.timeout)
     }
 
     /// Emulates `rtt` of distance to every member (a benchmark aid: half before each call, half

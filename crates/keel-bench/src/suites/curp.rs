@@ -7,8 +7,11 @@
 //! members); through etcd's API (keel-raft, etcd 3.6) a weak read is a serializable read and a
 //! weak write an ordinary put, the nearest those have. Each system runs several timed runs; the
 //! figures are the mean and the spread over the runs (never the best one), with the strong and
-//! weak p50/p99 of the median run and the share of strong writes that completed on the fast
-//! path.
+//! weak p50/p99 of the median run, the share of strong writes that completed on the fast
+//! path, and the CPU per operation of the members and of the load. The 60 tasks share one
+//! HTTP/2 connection per member (etcd's `benchmark` with `--conns`), each task its own CURP
+//! session. A shorter run of the same mix without its writes gives each system's ceiling on
+//! this machine: what its reads alone reach.
 //!
 //! Then strong writes across emulated distance (1 ms and 10 ms round trips between every two
 //! parties, members and client, made by delay proxies in front of every member): one client's
@@ -108,33 +111,33 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         context.progress.line(SUITE, format!("{name}: 3 members up on {}", c.endpoints.join(",")));
         let pids: Vec<u32> = c.children.iter().map(Child::id).collect();
         let mut all = Vec::new();
+        let mut cpu = Vec::new();
         for r in 0..runs {
-            let cpu0: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
-            let out = Command::new(&keel)
-                .args(["cluster", &format!("--endpoints={}", c.endpoints.join(",")), "load"])
-                .args([&format!("--mode={mode}"), "--clients=60", "--write-percent=10", "--weak-percent=50"])
-                .arg("--keys=1000000")
-                .args(["--zipf=0.99", "--value-size=100", &format!("--duration={secs}s"), &format!("--seed={}", r + 1)])
-                .output()
-                .context("running keel cluster load")?;
-            let cpu1: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let f = parse(text.lines().last().unwrap_or(""));
-            if !out.status.success() || f.ops_per_s <= 0.0 {
-                bail!("load on {name} failed: {}", String::from_utf8_lossy(&out.stderr));
-            }
-            let cpu_us = (cpu1 - cpu0) * 1e6 / (f.ops_per_s * secs as f64).max(1.0);
+            let (f, server_us, load_us) =
+                load_run(&keel, &c, &pids, mode, 10, secs, r as u64 + 1).with_context(|| format!("load on {name}"))?;
             context.progress.line(
                 SUITE,
                 format!(
-                    "{name} run {}: {:.0} ops/s, strong p50 {:.2} ms p99 {:.2} ms (write p50 {:.2}, read p50 {:.2}), weak p50 {:.2} ms p99 {:.2} ms (write p50 {:.2}, read p50 {:.2}), fast {:.0}/{:.0}, errors {:.0}, {cpu_us:.0} µs server CPU/op",
+                    "{name} run {}: {:.0} ops/s, strong p50 {:.2} ms p99 {:.2} ms (write p50 {:.2}, read p50 {:.2}), weak p50 {:.2} ms p99 {:.2} ms (write p50 {:.2}, read p50 {:.2}), fast {:.0}/{:.0}, errors {:.0}, CPU per op {server_us:.0} µs members + {load_us:.0} µs load",
                     r + 1, f.ops_per_s, f.strong_p50_ms, f.strong_p99_ms, f.write_p50_ms, f.read_p50_ms, f.weak_p50_ms, f.weak_p99_ms,
                     f.weak_write_p50_ms, f.weak_read_p50_ms, f.fast, f.writes, f.errors
                 ),
             );
+            cpu.push((server_us, load_us));
             all.push(f);
             std::thread::sleep(Duration::from_millis(500));
         }
+        // The same mix without its writes: what reads alone reach on this machine, a ceiling
+        // for the whole mix.
+        let (ceiling, ceiling_server_us, ceiling_load_us) = load_run(&keel, &c, &pids, mode, 0, (secs / 4).max(1), 99)
+            .with_context(|| format!("reads-only load on {name}"))?;
+        context.progress.line(
+            SUITE,
+            format!(
+                "{name} reads only: {:.0} ops/s, CPU per op {ceiling_server_us:.0} µs members + {ceiling_load_us:.0} µs load",
+                ceiling.ops_per_s
+            ),
+        );
         drop(c);
         let mean = all.iter().map(|f| f.ops_per_s).sum::<f64>() / all.len() as f64;
         let min = all.iter().map(|f| f.ops_per_s).fold(f64::MAX, f64::min);
@@ -161,9 +164,59 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         rows.push(row("weak_read_p50_us", median.weak_read_p50_ms * 1000.0));
         rows.push(row("fast_path_share", if writes > 0.0 { fast / writes } else { 0.0 }));
         rows.push(row("errors", all.iter().map(|f| f.errors).sum()));
+        let n = cpu.len().max(1) as f64;
+        rows.push(row("server_cpu_us_per_op", cpu.iter().map(|c| c.0).sum::<f64>() / n));
+        rows.push(row("load_cpu_us_per_op", cpu.iter().map(|c| c.1).sum::<f64>() / n));
+        let reads = |metric: &str, v: f64| Row::new(SUITE, name, "fsync", "zipf099_w0_weak50_c60", metric, v);
+        rows.push(reads("ops_per_s_mean", ceiling.ops_per_s));
+        rows.push(reads("server_cpu_us_per_op", ceiling_server_us));
+        rows.push(reads("load_cpu_us_per_op", ceiling_load_us));
     }
     rows.extend(distance(context, &keel, &etcdctl, &drives)?);
     Ok(rows)
+}
+
+/// CPU seconds (user + system) of this process's reaped children (cutime + cstime).
+fn children_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let Some(after) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // After the command name: state is field 0, cutime 13, cstime 14 (USER_HZ = 100).
+    (ticks(13) + ticks(14)) / 100.0
+}
+
+/// One timed run of seed 002's mix with `write_percent` writes (half of all operations weak,
+/// 60 in flight over one connection per member): its figures, and the CPU per operation of
+/// the members and of the load process (reaped when the run ends, so its time shows in this
+/// process's children's; the members are reaped only when they stop).
+fn load_run(
+    keel: &str,
+    c: &cluster::Cluster,
+    pids: &[u32],
+    mode: &str,
+    write_percent: u32,
+    secs: u64,
+    seed: u64,
+) -> anyhow::Result<(Figures, f64, f64)> {
+    let cpu0: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
+    let load0 = children_cpu_seconds();
+    let out = Command::new(keel)
+        .args(["cluster", &format!("--endpoints={}", c.endpoints.join(",")), "load"])
+        .args([&format!("--mode={mode}"), "--clients=60", "--conns=1", &format!("--write-percent={write_percent}")])
+        .args(["--weak-percent=50", "--keys=1000000", "--zipf=0.99", "--value-size=100"])
+        .args([format!("--duration={secs}s"), format!("--seed={seed}")])
+        .output()
+        .context("running keel cluster load")?;
+    let load1 = children_cpu_seconds();
+    let cpu1: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f = parse(text.lines().last().unwrap_or(""));
+    if !out.status.success() || f.ops_per_s <= 0.0 {
+        bail!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let ops = (f.ops_per_s * secs as f64).max(1.0);
+    Ok((f, (cpu1 - cpu0) * 1e6 / ops, (load1 - load0) * 1e6 / ops))
 }
 
 /// Strong writes across emulated distance: one client, writes only (Zipf over 1M keys, so
