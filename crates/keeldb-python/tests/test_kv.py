@@ -31,9 +31,34 @@ def test_put_get_delete_and_default(db):
         assert rx.get("t", b"a") is None
 
 
+def test_get_many_agrees_with_get_key_by_key(db):
+    put_all(db, "t", [(b"k%03d" % i, b"v%d" % i) for i in range(0, 200, 2)] + [(b"empty", b"")])
+    keys = [b"k%03d" % i for i in range(200)] + [b"empty", b"", b"k000"]
+    with db.write() as tx:
+        tx.put("t", b"k001", b"own")  # read-your-own-writes
+        tx.delete("t", b"k002")
+        assert tx.get_many("t", keys) == [tx.get("t", k) for k in keys]
+        assert tx.get_many("t", [b"k001", b"k002"]) == [b"own", None]
+    with db.read() as rx:
+        got = rx.get_many("t", keys)
+        assert got == [rx.get("t", k) for k in keys]
+        # k001 and k002 as the write above committed them; k003 never written.
+        assert got[0] == b"v0" and got[1] == b"own" and got[2] is None and got[3] is None and got[200] == b""
+        assert rx.get_many("t", keys[:5], default=b"-") == [b"v0", b"own", b"-", b"-", b"v4"]
+        assert rx.get_many("t", []) == []
+        assert rx.get_many("missing-table", [b"a", b"b"]) == [None, None]
+    rx = db.read()
+    rx.close()
+    with pytest.raises(keeldb.TransactionDoneError):
+        rx.get_many("t", [b"k000"])
+
+
 @pytest.mark.parametrize(
     "call",
     [
+        lambda tx: tx.get_many("t", ["str-key"]),
+        lambda tx: tx.get_many("t", b"not-a-list-of-keys"),
+        lambda tx: tx.get_many("t", "str"),
         lambda tx: tx.put("t", "str-key", b"v"),
         lambda tx: tx.put("t", b"k", "str-value"),
         lambda tx: tx.put("t", 1, b"v"),

@@ -105,6 +105,9 @@ class ReadTransaction:
     @property
     def active(self) -> bool: ...
     def get(self, table: str, key: bytes, default: Optional[_T] = None) -> Union[bytes, _T, None]: ...
+    def get_many(
+        self, table: str, keys: Sequence[bytes], default: Optional[_T] = None
+    ) -> List[Union[bytes, _T, None]]: ...
     def scan(
         self,
         table: str,
