@@ -192,9 +192,10 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     };
     // Tasks are spread over the endpoints (as etcd's benchmark spreads its clients); each uses
     // connection (t / endpoints) % conns of its endpoint, or one of its own with --conns=0.
-    let conns = if args.conns == 0 { args.clients.div_ceil(etcd_endpoints.len()) } else { args.conns };
+    let n = etcd_endpoints.len();
+    let conns = if args.conns == 0 { args.clients.div_ceil(n) } else { args.conns };
     let mut etcd_pool = Vec::new();
-    for t in 0..etcd_endpoints.len() * conns {
+    for t in 0..n * conns {
         etcd_pool.push(EtcdKv::connect(endpoint(t), Duration::from_secs(5))?);
     }
     let mut curp_pool = Vec::new();
@@ -207,7 +208,6 @@ pub async fn run(endpoints: &[String], args: &LoadArgs) -> anyhow::Result<String
     }
     let mut tasks = Vec::new();
     for t in 0..args.clients {
-        let n = etcd_endpoints.len();
         let Some(etcd) = etcd_pool.get(t % n + n * ((t / n) % conns)).cloned() else {
             anyhow::bail!("no connection for task {t}")
         };

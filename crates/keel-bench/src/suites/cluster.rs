@@ -172,13 +172,23 @@ fn start_with(
 
 /// User + system CPU seconds of a process so far, from /proc/PID/stat.
 pub(super) fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    let Some(after) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     // After the command name: state is field 0, utime 11, stime 12.
-    let hz = 100.0; // USER_HZ on Linux
-    (ticks(11) + ticks(12)) / hz
+    stat_seconds(&format!("/proc/{pid}/stat"), [11, 12])
+}
+
+/// CPU seconds (user + system) of this process's reaped children: cutime and cstime.
+pub(super) fn children_cpu_seconds() -> f64 {
+    stat_seconds("/proc/self/stat", [13, 14])
+}
+
+/// The sum of two clock-tick fields of a `/proc/.../stat` file, counted from the field after
+/// the command name, in seconds (USER_HZ is 100 on Linux); 0 when it cannot be read.
+fn stat_seconds(path: &str, fields: [usize; 2]) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
+    let Some(after) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let values: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| values.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    fields.into_iter().map(ticks).sum::<f64>() / 100.0
 }
 
 /// What the benchmark tool printed that we keep.

@@ -176,16 +176,6 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// CPU seconds (user + system) of this process's reaped children (cutime + cstime).
-fn children_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
-    let Some(after) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // After the command name: state is field 0, cutime 13, cstime 14 (USER_HZ = 100).
-    (ticks(13) + ticks(14)) / 100.0
-}
-
 /// One timed run of seed 002's mix with `write_percent` writes (half of all operations weak,
 /// 60 in flight over one connection per member): its figures, and the CPU per operation of
 /// the members and of the load process (reaped when the run ends, so its time shows in this
@@ -200,7 +190,7 @@ fn load_run(
     seed: u64,
 ) -> anyhow::Result<(Figures, f64, f64)> {
     let cpu0: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
-    let load0 = children_cpu_seconds();
+    let load0 = cluster::children_cpu_seconds();
     let out = Command::new(keel)
         .args(["cluster", &format!("--endpoints={}", c.endpoints.join(",")), "load"])
         .args([&format!("--mode={mode}"), "--clients=60", "--conns=1", &format!("--write-percent={write_percent}")])
@@ -208,7 +198,7 @@ fn load_run(
         .args([format!("--duration={secs}s"), format!("--seed={seed}")])
         .output()
         .context("running keel cluster load")?;
-    let load1 = children_cpu_seconds();
+    let load1 = cluster::children_cpu_seconds();
     let cpu1: f64 = pids.iter().map(|p| cluster::cpu_seconds(*p)).sum();
     let text = String::from_utf8_lossy(&out.stdout);
     let f = parse(text.lines().last().unwrap_or(""));
