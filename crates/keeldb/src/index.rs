@@ -683,20 +683,6 @@ impl TableData {
         }
     }
 
-    /// [`TableData::apply`] of a value the caller owns (a transaction's write set).
-    pub fn apply_owned(
-        &mut self,
-        table: &str,
-        key: &[u8],
-        value: Option<Vec<u8>>,
-        ts: u64,
-        horizon: u64,
-        digest: &mut StateDigest,
-    ) {
-        let hash = self.hash(key);
-        self.apply_value(table, key, hash, value.as_deref(), ts, horizon, digest, true);
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn apply_value(
         &mut self,

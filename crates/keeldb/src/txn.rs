@@ -407,7 +407,7 @@ impl WriteTxn {
             return Err(Error::LimitExceeded { what: "value", actual: value.len(), limit: MAX_VALUE_BYTES });
         }
         self.add_bytes(key.len() + value.len() + 16)?;
-        self.table_entry(table)?.writes.insert(key, Some(value.to_vec()));
+        self.table_entry(table)?.writes.insert(key, Some(value));
         Ok(())
     }
 
@@ -435,7 +435,7 @@ impl WriteTxn {
         self.meter()?;
         let existed_before = self.snap.tables().iter().any(|t| t == table);
         let entry = self.table_entry(table)?;
-        let has_writes = entry.writes.values().any(Option::is_some);
+        let has_writes = entry.writes.values().any(|v| v.is_some());
         let existed = has_writes || (existed_before && !entry.dropped);
         entry.dropped = entry.dropped || existed_before;
         entry.writes.clear();
@@ -449,7 +449,7 @@ impl WriteTxn {
         self.meter()?;
         if let Some(tw) = self.tables.get(table) {
             if let Some(w) = tw.writes.get(key) {
-                return Ok(w.clone());
+                return Ok(w.map(<[u8]>::to_vec));
             }
             if tw.dropped {
                 return Ok(None);
@@ -471,7 +471,7 @@ impl WriteTxn {
                 } else {
                     tw.writes
                         .range((resolved.start.clone(), resolved.end.clone()))
-                        .map(|(k, v)| (k.as_slice().to_vec(), v.clone()))
+                        .map(|(k, v)| (k.as_slice().to_vec(), v.map(<[u8]>::to_vec)))
                         .collect()
                 };
                 if range.is_reverse() {
@@ -491,7 +491,7 @@ impl WriteTxn {
     pub fn tables(&self) -> Vec<String> {
         let mut names: Vec<String> = self.snap.tables();
         for (name, tw) in self.tables.iter().filter(|(n, _)| !crate::types::is_reserved(n)) {
-            let has_writes = tw.writes.values().any(Option::is_some);
+            let has_writes = tw.writes.values().any(|v| v.is_some());
             if tw.dropped && !has_writes {
                 names.retain(|n| n.as_str() != &**name);
             } else if has_writes && !names.iter().any(|n| n.as_str() == &**name) {

@@ -116,11 +116,11 @@ impl Command {
             };
             match tables.get_mut(table.as_str()) {
                 Some(tw) => {
-                    tw.writes.insert(&key, value);
+                    tw.writes.insert(&key, value.as_deref());
                 }
                 None => {
                     let mut tw = TableWrites::default();
-                    tw.writes.insert(&key, value);
+                    tw.writes.insert(&key, value.as_deref());
                     tables.insert(intern(names, &table), tw);
                 }
             }
@@ -208,7 +208,7 @@ impl BatchOverlay {
                 t.writes.clear();
             }
             for (k, v) in &ta.writes {
-                t.writes.insert(k.clone(), v.clone());
+                t.writes.insert(k.clone(), v.map(<[u8]>::to_vec));
             }
         }
     }

@@ -171,7 +171,7 @@ mod tests {
 
     fn request(start_ts: u64, table: &str, key: &[u8], isolation: Isolation) -> CommitRequest {
         let mut tw = TableWrites::default();
-        tw.writes.insert(key, Some(b"v".to_vec()));
+        tw.writes.insert(key, Some(b"v"));
         let mut tables = BTreeMap::new();
         tables.insert(Arc::from(table), tw);
         CommitRequest { start_ts, durability: Durability::Relaxed, isolation, tables, reads: Vec::new(), apply: None }

@@ -611,7 +611,7 @@ impl Committer {
                     (None, Ok(())) => Ok(()),
                 };
                 if ready.result.is_ok() {
-                    self.apply_batch(&mut ready.commits);
+                    self.apply_batch(&ready.commits);
                 }
                 p.next_batch += 1;
                 match first {
@@ -642,9 +642,9 @@ impl Committer {
     }
 
     /// Applies a durable batch to the index in timestamp order, then makes it visible. The
-    /// index takes the write sets' value buffers (the keys stay, to be freed outside the
-    /// publish lock), so the change feed records the batch first.
-    fn apply_batch(&self, batch: &mut [Pending]) {
+    /// index copies the values out of the write sets, which are freed outside the publish
+    /// lock.
+    fn apply_batch(&self, batch: &[Pending]) {
         let Some(last_ts) = batch.last().map(|p| p.ts) else { return };
         let view = &self.published;
         if view.history.is_recording() {
@@ -655,8 +655,8 @@ impl Committer {
         // The table the previous commit wrote: a log of commands to one table looks it up once
         // per batch, not once per commit.
         let mut last_table: Option<Arc<Table>> = None;
-        for p in batch.iter_mut() {
-            for ta in &mut p.tables {
+        for p in batch {
+            for ta in &p.tables {
                 if ta.drop_id.is_some() || ta.create {
                     let mut catalog = view.catalog.write();
                     if let Some(old) = ta.drop_id.and_then(|id| catalog.by_id(id)).cloned() {
@@ -676,8 +676,8 @@ impl Committer {
                 }
                 let Some(table) = &last_table else { continue };
                 let mut data = table.data.write();
-                for (k, v) in ta.writes.iter_mut() {
-                    data.apply_owned(&table.name, k.as_slice(), v.take(), p.ts, horizon, &mut digest);
+                for (k, v) in &ta.writes {
+                    data.apply(&table.name, k.as_slice(), v, p.ts, horizon, &mut digest);
                 }
             }
         }
@@ -718,7 +718,7 @@ fn record_history(history: &crate::history::History, batch: &[Pending]) {
                     ts: p.ts,
                     table: Arc::clone(&ta.name),
                     key: k.as_slice().to_vec(),
-                    kind: v.as_ref().map_or(ChangeKind::Delete, |v| ChangeKind::Put(v.clone())),
+                    kind: v.map_or(ChangeKind::Delete, |v| ChangeKind::Put(v.to_vec())),
                 });
             dropped.into_iter().chain(writes)
         });

@@ -128,10 +128,7 @@ impl Sequencer {
             .iter()
             .map(|(name, tw)| {
                 32 + name.len()
-                    + tw.writes
-                        .iter()
-                        .map(|(k, v)| 13 + k.as_slice().len() + v.as_ref().map_or(0, Vec::len))
-                        .sum::<usize>()
+                    + tw.writes.iter().map(|(k, v)| 13 + k.as_slice().len() + v.map_or(0, <[u8]>::len)).sum::<usize>()
             })
             .sum();
         let mut payload = PayloadBuilder::in_frame(frames, size);
@@ -143,7 +140,7 @@ impl Sequencer {
                 payload.drop_table(id);
                 self.tables.remove(&name);
             }
-            let has_puts = tw.writes.values().any(Option::is_some);
+            let has_puts = tw.writes.values().any(|v| v.is_some());
             let live = if drop_id.is_some() { None } else { existing };
             let (id, create) = match live {
                 Some(id) => (id, false),
