@@ -56,7 +56,10 @@ async fn curp_histories_under_faults_are_linearizable() {
     let shared = history::Shared::default();
     let history = Arc::clone(&shared.history);
     let keys = 8usize;
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    // The nemesis makes faults while `secs` last, and at least MIN_FAULTS of them; the clients
+    // run until it is done (`shared.stop`), bounded by a hard deadline.
+    let faults_until = Instant::now() + Duration::from_secs(secs);
+    let deadline = faults_until + Duration::from_secs(60);
 
     let mut tasks = Vec::new();
     for c in 0..3u64 {
@@ -78,7 +81,7 @@ async fn curp_histories_under_faults_are_linearizable() {
         let (shared, fast) = (shared.clone(), Arc::clone(&fast));
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((c + 100) << 32));
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !shared.stop.load(Ordering::Relaxed) {
                 let key = rng.gen_range(0..keys);
                 let v = shared.counter.fetch_add(1, Ordering::Relaxed);
                 let req =
@@ -114,10 +117,11 @@ async fn curp_histories_under_faults_are_linearizable() {
         let client = CurpClient::connect(&urls, Duration::from_secs(2)).await.unwrap();
         client.bind(c);
         let counter = Arc::clone(&shared.counter);
+        let stop = Arc::clone(&shared.stop);
         weak_tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((c as u64 + 200) << 32));
             let mut ops = Vec::new();
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
                 let key = rng.gen_range(0..weak_keys);
                 let k = format!("wkey{key}");
                 match rng.gen_range(0..20) {
@@ -149,8 +153,10 @@ async fn curp_histories_under_faults_are_linearizable() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     faults::seed(seed);
     let mut kinds = BTreeMap::new();
+    // A count as well as a time: a slow restart must not leave the run with fewer faults.
+    const MIN_FAULTS: usize = 3;
     let mut rounds = 0;
-    while Instant::now() + Duration::from_millis(2500) < deadline {
+    while rounds < MIN_FAULTS || Instant::now() + Duration::from_millis(2500) < faults_until {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..900))).await;
         let leader = servers.iter().flatten().find_map(|s| s.node.leader()).unwrap_or(ids[0]);
         let victim = if rng.gen_bool(0.5) { leader } else { ids[rng.gen_range(0..3)] };
@@ -187,6 +193,10 @@ async fn curp_histories_under_faults_are_linearizable() {
     }
     faults::heal_all();
     eprintln!("faults: {kinds:?}");
+    // A moment of healed cluster under load, then the clients stop.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let clients_outlived_nemesis = Instant::now() < deadline;
+    shared.stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
@@ -219,7 +229,7 @@ async fn curp_histories_under_faults_are_linearizable() {
     let ok = history.iter().filter(|e| e.ret.is_some()).count();
     let fast = fast.load(Ordering::Relaxed);
     eprintln!("seed {seed}: {} operations ({ok} answered, {fast} fast CURP writes), {rounds} faults", history.len());
-    assert!(rounds >= 3, "the nemesis must have struck");
+    assert!(clients_outlived_nemesis, "seed {seed}: the clients stopped (hard deadline) before the nemesis was done");
     assert!(fast > 20, "too few fast-path writes to mean anything: {fast}");
     history::assert_linearizable(&history, keys, seed);
     for s in servers.into_iter().flatten() {
