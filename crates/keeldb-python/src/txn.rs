@@ -110,8 +110,8 @@ impl ReadTransaction {
     }
 
     /// The values stored under `keys` in `table`, in the order given: each one's value, or
-    /// `default` where there is none. One call for many keys; a read transaction looks them up
-    /// in batches, so each key's memory misses overlap the others'.
+    /// `default` where there is none. One call for many keys, looked up in batches so each
+    /// key's memory misses overlap the others'; a write transaction sees its own writes.
     #[pyo3(signature = (table, keys, default = None))]
     fn get_many(
         &self,
@@ -121,21 +121,7 @@ impl ReadTransaction {
         default: Option<PyObject>,
     ) -> PyResult<Vec<PyObject>> {
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        let read = match &*self.shared.read()? {
-            TxnState::Read(rx) => Some(rx.get_many(table, &keys)),
-            TxnState::Done => return Err(to_py(keeldb::Error::TransactionDone)),
-            TxnState::Write(_) => None,
-        };
-        // A write transaction (its read lock dropped above) reads its own writes first: key by
-        // key.
-        let values = match read {
-            Some(values) => values,
-            None => match &mut *self.shared.lock()? {
-                TxnState::Write(tx) => keys.iter().map(|k| tx.get(table, k)).collect::<keeldb::Result<Vec<_>>>(),
-                _ => Err(keeldb::Error::TransactionDone),
-            },
-        }
-        .map_err(to_py)?;
+        let values = with_reader!(&self.shared, |tx| tx.get_many(table, &keys)).map_err(to_py)?;
         Ok(values
             .into_iter()
             .map(|v| match v {

@@ -459,6 +459,57 @@ impl WriteTxn {
         Ok(self.snap.get(table, key))
     }
 
+    /// The values of `keys` in `table`, in the order of `keys` (`None` where absent), seeing
+    /// this transaction's own writes: as many [`WriteTxn::get`] calls, but the keys this
+    /// transaction has not written are looked up in the snapshot in one batched call
+    /// ([`ReadTxn::get_many`]), whose cache misses overlap. Under serializable isolation each
+    /// key read from the snapshot is validated at commit, as `get` does. Any key over the size
+    /// limit refuses the whole call before anything is read.
+    pub fn get_many<K: AsRef<[u8]>>(&mut self, table: &str, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        check_table_name(table)?;
+        for key in keys {
+            check_key(key.as_ref())?;
+        }
+        self.meter()?;
+        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        // Positions in `out` still to be read from the snapshot, and their keys.
+        let mut pending: Vec<(usize, &[u8])> = Vec::new();
+        match self.tables.get(table) {
+            Some(tw) => {
+                for (i, key) in keys.iter().enumerate() {
+                    match tw.writes.get(key.as_ref()) {
+                        Some(own) => out.push(own.map(<[u8]>::to_vec)),
+                        None => {
+                            out.push(None);
+                            if !tw.dropped {
+                                pending.push((i, key.as_ref()));
+                            }
+                        }
+                    }
+                }
+            }
+            None => {
+                out.resize(keys.len(), None);
+                pending.extend(keys.iter().map(AsRef::as_ref).enumerate());
+            }
+        }
+        if pending.is_empty() {
+            return Ok(out);
+        }
+        let lookup: Vec<&[u8]> = pending.iter().map(|&(_, k)| k).collect();
+        let found = self.snap.get_many(table, &lookup);
+        for (&(i, _), value) in pending.iter().zip(found) {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = value;
+            }
+        }
+        if self.isolation == Isolation::Serializable {
+            let name: Arc<str> = Arc::from(table);
+            self.reads.extend(pending.iter().map(|&(_, key)| (Arc::clone(&name), ReadItem::Key(key.to_vec()))));
+        }
+        Ok(out)
+    }
+
     /// Entries within `range`, merging this transaction's writes over its snapshot.
     pub fn scan(&mut self, table: &str, range: ScanRange) -> Result<Scan<'_>> {
         check_table_name(table)?;

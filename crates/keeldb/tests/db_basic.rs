@@ -459,3 +459,50 @@ fn get_many_agrees_with_get_key_by_key() {
     let err = now.get_many("t", &[&b"key-1"[..], &big_key]).unwrap_err();
     assert!(matches!(err, Error::LimitExceeded { what: "key", .. }), "{err}");
 }
+
+#[test]
+fn write_txn_get_many_sees_own_writes_and_agrees_with_get() {
+    let t = TestDir::new();
+    let db = open(&t.path());
+    let mut tx = db.begin_write().unwrap();
+    for i in 0..300u32 {
+        tx.put("t", format!("key-{i}").as_bytes(), &i.to_le_bytes()).unwrap();
+    }
+    tx.commit().unwrap();
+
+    let mut tx = db.begin_write().unwrap();
+    for i in (0..300u32).step_by(5) {
+        tx.put("t", format!("key-{i}").as_bytes(), b"own").unwrap();
+    }
+    for i in (1..300u32).step_by(7) {
+        tx.delete("t", format!("key-{i}").as_bytes()).unwrap();
+    }
+    tx.put("t", b"new-key", b"fresh").unwrap();
+    // Own puts, own deletes, snapshot values, a new key, absent keys, a repeat.
+    let mut keys: Vec<Vec<u8>> = (0..320u32).rev().map(|i| format!("key-{i}").into_bytes()).collect();
+    keys.push(b"new-key".to_vec());
+    keys.push(b"key-5".to_vec());
+    let many = tx.get_many("t", &keys).unwrap();
+    assert_eq!(many.len(), keys.len());
+    for (key, value) in keys.iter().zip(&many) {
+        assert_eq!(value, &tx.get("t", key).unwrap(), "{key:?}");
+    }
+    assert_eq!(
+        tx.get_many("t", &[b"key-5", b"key-1", b"key-2"]).unwrap(),
+        vec![Some(b"own".to_vec()), None, Some(2u32.to_le_bytes().to_vec())]
+    );
+    assert_eq!(tx.get_many("nothing here", &[b"k"]).unwrap(), vec![None]);
+
+    // A table dropped in this transaction shows only what was written after the drop.
+    assert!(tx.drop_table("t").unwrap());
+    tx.put("t", b"key-9", b"after drop").unwrap();
+    assert_eq!(tx.get_many("t", &[b"key-9", b"key-2"]).unwrap(), vec![Some(b"after drop".to_vec()), None]);
+
+    // One bad key refuses the whole call and leaves the transaction usable.
+    let big_key = vec![0u8; MAX_KEY_BYTES + 1];
+    let err = tx.get_many("t", &[&b"key-9"[..], &big_key]).unwrap_err();
+    assert!(matches!(err, Error::LimitExceeded { what: "key", .. }), "{err}");
+    tx.commit().unwrap();
+    assert_eq!(get(&db, "t", b"key-9").as_deref(), Some(&b"after drop"[..]));
+    assert_eq!(get(&db, "t", b"key-2"), None);
+}
