@@ -173,7 +173,11 @@ pub(crate) struct Pipeline {
 struct Spare {
     queue: Vec<Queued>,
     frames: Vec<u8>,
+    commits: Vec<Pending>,
 }
+
+/// A recycled batch vector with room for more commits than this is dropped instead.
+const SPARE_COMMITS_MAX: usize = 1024;
 
 /// A recycled frames buffer larger than this is dropped instead (after an unusually large
 /// batch, so it does not stay allocated).
@@ -245,11 +249,13 @@ impl Committer {
     /// durability condition holds and it is visible. Blocks the calling thread.
     pub fn submit(&self, req: CommitRequest) -> Result<u64> {
         self.check_writable()?;
-        let waiter = Waiter::new();
+        let waiter = Waiter::for_this_thread();
         if self.enqueue(req, &waiter, None, true)? {
             self.lead_while_work(true);
         }
-        self.wait_outcome(&waiter).into_result()
+        let outcome = self.wait_outcome(&waiter);
+        Waiter::keep_for_this_thread(waiter);
+        outcome.into_result()
     }
 
     /// Parks until the waiter's commit is decided, leading when told to.
@@ -434,8 +440,11 @@ impl Committer {
     fn sequence(&self, mut queued: Vec<Queued>) -> Option<Batch> {
         let mut seq = self.sequencer.lock();
         let refused = self.refusal();
-        let mut commits = Vec::with_capacity(queued.len());
-        let mut frames = std::mem::take(&mut self.pipeline.spare.lock().frames);
+        let (mut commits, mut frames) = {
+            let mut spare = self.pipeline.spare.lock();
+            (std::mem::take(&mut spare.commits), std::mem::take(&mut spare.frames))
+        };
+        commits.reserve(queued.len());
         frames.clear();
         let first_lsn = seq.next_lsn;
         // Conditions of log commands see every earlier commit: the published index (once the
@@ -627,6 +636,7 @@ impl Committer {
         if returning.peek().is_some() {
             self.pipeline.gather.lock().note_returning(returning, Instant::now());
         }
+        let mut emptied = None;
         for ready in first.into_iter().chain(more) {
             for c in &ready.commits {
                 let outcome = match &ready.result {
@@ -637,6 +647,17 @@ impl Committer {
                     Err(failure) => Outcome::Failed(failure.clone()),
                 };
                 c.waiter.set(Slot::Done(outcome));
+            }
+            if emptied.is_none() {
+                emptied = Some(ready.commits);
+            }
+        }
+        // The first batch's vector goes back for the next leader, emptied here, outside every
+        // lock (its write sets and waiter references are dropped now).
+        if let Some(mut commits) = emptied {
+            commits.clear();
+            if commits.capacity() <= SPARE_COMMITS_MAX {
+                self.pipeline.spare.lock().commits = commits;
             }
         }
     }

@@ -106,6 +106,11 @@ pub(crate) struct Waiter {
     thread: Option<std::thread::Thread>,
 }
 
+std::thread_local! {
+    /// The waiter of this thread's last blocking commit (see [`Waiter::for_this_thread`]).
+    static SPARE: std::cell::RefCell<Option<Arc<Waiter>>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Waiter {
     fn with_thread(thread: Option<std::thread::Thread>) -> Arc<Waiter> {
         let state = State { slot: Slot::Waiting, waker: None, abandoned: false };
@@ -115,6 +120,28 @@ impl Waiter {
     /// A waiter for the calling thread, which will block in [`Waiter::wait`].
     pub fn new() -> Arc<Waiter> {
         Waiter::with_thread(Some(std::thread::current()))
+    }
+
+    /// The calling thread's waiter: the one its last blocking commit used, renewed, when
+    /// nothing else holds that any more (usually: the leader drops a batch's references right
+    /// after waking its committers); otherwise a new one. A commit then allocates no waiter
+    /// and clones no thread handle.
+    pub fn for_this_thread() -> Arc<Waiter> {
+        let spare = SPARE.try_with(|s| s.borrow_mut().take()).ok().flatten();
+        spare.and_then(Waiter::renewed).unwrap_or_else(Waiter::new)
+    }
+
+    /// Keeps `w`, whose commit is decided, for the calling thread's next commit.
+    pub fn keep_for_this_thread(w: Arc<Waiter>) {
+        let _ = SPARE.try_with(|s| *s.borrow_mut() = Some(w));
+    }
+
+    /// `w` made as new, if no one else holds a reference to it (then no one can see the reset).
+    fn renewed(mut w: Arc<Waiter>) -> Option<Arc<Waiter>> {
+        let inner = Arc::get_mut(&mut w)?;
+        *inner.state.get_mut() = State { slot: Slot::Waiting, waker: None, abandoned: false };
+        *inner.changed.get_mut() = false;
+        Some(w)
     }
 
     /// A waiter for `thread` (the caller's, looked up once for many waiters).
@@ -193,5 +220,37 @@ impl Waiter {
         st.abandoned = true;
         st.waker = None;
         matches!(std::mem::replace(&mut st.slot, Slot::Waiting), Slot::TryLead)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A thread's next commit reuses its last waiter only when nobody else holds it, and then
+    /// finds it as new: a decision left in it would end the next commit's wait at once.
+    #[test]
+    fn a_thread_reuses_its_waiter_only_when_unshared_and_renewed() {
+        std::thread::spawn(|| {
+            let w = Waiter::for_this_thread();
+            assert!(w.set(Slot::Done(Outcome::Committed(7))));
+            let kept_ptr = Arc::as_ptr(&w);
+            Waiter::keep_for_this_thread(w);
+            let again = Waiter::for_this_thread();
+            assert_eq!(Arc::as_ptr(&again), kept_ptr, "an unshared waiter is reused");
+            assert!(!again.changed.load(Ordering::Acquire), "the reused waiter still says it changed");
+            assert!(matches!(again.state.lock().slot, Slot::Waiting), "the reused waiter kept a decision");
+
+            // Someone (a batch not yet dropped) still holds it: the next commit gets a new one.
+            let held = Arc::clone(&again);
+            again.set(Slot::Done(Outcome::Committed(8)));
+            Waiter::keep_for_this_thread(again);
+            let fresh = Waiter::for_this_thread();
+            assert_ne!(Arc::as_ptr(&fresh), Arc::as_ptr(&held));
+            assert!(matches!(held.state.lock().slot, Slot::Done(Outcome::Committed(8))), "a shared waiter was reset");
+        })
+        .join()
+        .unwrap();
     }
 }
