@@ -112,8 +112,25 @@ async fn cluster_with_a_lagging_member(
         assert!(Instant::now() < deadline, "the member to lag never applied the first write");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let lagging_applied =
+        servers[lagging].as_ref().unwrap().node.raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index);
     servers[lagging].take().unwrap().stop().await;
     load(&c).await;
+    // The running members snapshot now and purge their logs behind, so the lagging member's
+    // next entry is gone everywhere and it must catch up from a snapshot. Left to their own
+    // policy, the snapshots may lag the load on a slow machine: the member then caught up
+    // from the log, built a snapshot of its own, and passed that off as the install (a CI
+    // failure of "a build followed the install").
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let purged_past =
+        |s: &Server| s.node.raft.metrics().borrow_watched().purged.is_some_and(|p| p.index > lagging_applied);
+    while !servers.iter().flatten().all(purged_past) {
+        assert!(Instant::now() < deadline, "the running members did not purge their logs behind a snapshot");
+        for s in servers.iter().flatten().filter(|s| !purged_past(s)) {
+            let _ = s.node.raft.trigger().snapshot().await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     (servers, lagging, lagging_cfg, c)
 }
 
