@@ -82,6 +82,63 @@ unsafe impl Allocator for HugePages {
         Ok(NonNull::slice_from_raw_parts(p, len))
     }
 
+    /// Moves a mapped block's pages to a larger mapping instead of copying them: a slab that
+    /// doubles from 512 MiB to 1 GiB would otherwise copy 512 MiB and fault in as much fresh
+    /// memory (inside whichever commit or recovery step pushed the slot that did not fit). The
+    /// target is an aligned, advised mapping made first, so the moved range keeps its 2 MiB
+    /// alignment and huge pages move as whole page-table entries. Falls back to a copy when the
+    /// move is refused.
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old_layout: Layout,
+        new_layout: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if !mapped(old_layout) && !mapped(new_layout) {
+            // SAFETY: both layouts are the global allocator's (module invariant); the caller's
+            // guarantees pass through unchanged.
+            return unsafe { Global.grow(ptr, old_layout, new_layout) };
+        }
+        if mapped(old_layout) && mapped(new_layout) {
+            let old_len = mapping_len(old_layout.size()).ok_or(AllocError)?;
+            let new_len = mapping_len(new_layout.size()).ok_or(AllocError)?;
+            if new_len <= old_len {
+                return Ok(NonNull::slice_from_raw_parts(ptr, old_len));
+            }
+            if let Some(target) = map(new_len) {
+                // SAFETY: `ptr` is a mapped block of exactly `old_len` bytes, owned by the
+                // caller's allocation; `target` is a fresh mapping of `new_len` bytes that
+                // nothing refers to. MREMAP_FIXED replaces `target` with the old pages (and
+                // zero pages past them) and unmaps the old range, which the caller gives up
+                // on success. On failure neither range changes.
+                let moved = unsafe {
+                    libc::mremap(
+                        ptr.as_ptr().cast(),
+                        old_len,
+                        new_len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                        target.as_ptr().cast::<libc::c_void>(),
+                    )
+                };
+                if moved != libc::MAP_FAILED {
+                    let moved = NonNull::new(moved.cast::<u8>()).ok_or(AllocError)?;
+                    return Ok(NonNull::slice_from_raw_parts(moved, new_len));
+                }
+                // SAFETY: the move failed, so `target` is still the unused mapping made above.
+                unsafe { libc::munmap(target.as_ptr().cast(), new_len) };
+            }
+        }
+        let new = self.allocate(new_layout)?;
+        // SAFETY: the caller guarantees `new_layout.size() >= old_layout.size()` and that `ptr`
+        // holds `old_layout.size()` readable bytes; `new` is a distinct block at least that
+        // large. The old block is released once, after the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.as_ptr(), new.as_ptr().cast::<u8>(), old_layout.size());
+            self.deallocate(ptr, old_layout);
+        }
+        Ok(new)
+    }
+
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if !mapped(layout) {
             // SAFETY: the caller passes a block this allocator returned for `layout`, which
@@ -117,6 +174,44 @@ mod tests {
         let small = Layout::from_size_align(100, 8).unwrap();
         let block = HugePages.allocate(small).unwrap();
         unsafe { HugePages.deallocate(block.cast(), small) };
+    }
+
+    #[test]
+    fn a_mapped_block_grows_in_place_of_a_copy_keeping_bytes_and_alignment() {
+        let small = Layout::from_size_align(3 * HUGE, 8).unwrap();
+        let large = Layout::from_size_align(9 * HUGE + 1, 8).unwrap();
+        let block = HugePages.allocate(small).unwrap();
+        unsafe {
+            let p = block.as_ptr().cast::<u8>();
+            for i in 0..block.len() {
+                *p.add(i) = (i % 251) as u8;
+            }
+            let grown = HugePages.grow(NonNull::new(p).unwrap(), small, large).unwrap();
+            assert_eq!(grown.len(), 10 * HUGE);
+            let q = grown.as_ptr().cast::<u8>();
+            assert_eq!(q as usize % HUGE, 0, "the grown block keeps 2 MiB alignment");
+            assert!((0..3 * HUGE).all(|i| *q.add(i) == (i % 251) as u8), "every old byte kept");
+            assert!((3 * HUGE..10 * HUGE).all(|i| *q.add(i) == 0), "new space is fresh zeroed memory");
+            q.write_bytes(7, grown.len());
+            // Growing within the same mapping length hands back the same block.
+            let same = Layout::from_size_align(10 * HUGE, 8).unwrap();
+            let again = HugePages.grow(NonNull::new(q).unwrap(), large, same).unwrap();
+            assert_eq!(again.as_ptr().cast::<u8>(), q);
+            assert_eq!(*q.add(10 * HUGE - 1), 7);
+            HugePages.deallocate(NonNull::new(q).unwrap(), same);
+        }
+        // A small block growing into a mapped one is copied.
+        let tiny = Layout::from_size_align(64, 8).unwrap();
+        let block = HugePages.allocate(tiny).unwrap();
+        unsafe {
+            let p = block.as_ptr().cast::<u8>();
+            p.write_bytes(9, 64);
+            let grown = HugePages.grow(NonNull::new(p).unwrap(), tiny, large).unwrap();
+            let q = grown.as_ptr().cast::<u8>();
+            assert_eq!(q as usize % HUGE, 0);
+            assert!((0..64).all(|i| *q.add(i) == 9));
+            HugePages.deallocate(NonNull::new(q).unwrap(), large);
+        }
     }
 
     #[test]
