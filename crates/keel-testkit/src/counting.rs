@@ -17,6 +17,8 @@ pub struct Counts {
     pub dir_syncs: AtomicU64,
     /// `write_at` calls.
     pub writes: AtomicU64,
+    /// `start_writeback` hints (passed on to the real file).
+    pub writebacks: AtomicU64,
     /// When set, every later `sync_data` fails with an I/O error.
     pub fail_syncs: AtomicBool,
     /// When set, every later `write_at` fails with an I/O error.
@@ -66,6 +68,10 @@ impl FileHandle for CountingFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
+    }
+    fn start_writeback(&self) {
+        self.counts.writebacks.fetch_add(1, Ordering::SeqCst);
+        self.inner.start_writeback();
     }
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         if self.counts.fail_writes.load(Ordering::SeqCst) {

@@ -802,6 +802,7 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
     // An install whose marker is durable is finished first, so the analysis sees only the new
     // state; one that never reached its marker left only temporary files (removed below).
     crate::install::finish_pending(fs, dir)?;
+    start_newest_segment_writeback(fs.as_ref(), dir);
     let mut a = analyze(fs.as_ref(), dir, Scan::AfterCheckpoint)?;
     if let Some(mark) = a.mark_digest {
         if a.tear.is_none() && mark != a.state.digest.0 {
@@ -887,6 +888,22 @@ pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u
     a.report.duration = started.elapsed();
     append_recovery_log(fs.as_ref(), dir, &a.report)?;
     Ok(Recovered { state: a.state, last_ts: a.last_ts, wal, checkpoints: a.checkpoints, report: a.report })
+}
+
+/// Queues the newest WAL segment's dirty pages for write-back, so that the disk writes them
+/// while the checkpoint loads and the log replays. After a process crash (not a power loss)
+/// its unsynced tail is still in the page cache, and the fdatasync that resumes the segment
+/// (in [`recover`]) had to write all of it: 58 ms of a 240 ms reopen of 300k relaxed one-put
+/// commits. A hint only: that fdatasync still decides durability, and any failure here is
+/// left for it to report.
+fn start_newest_segment_writeback(fs: &dyn FileSystem, dir: &Path) {
+    let Ok(names) = fs.list_dir(dir) else { return };
+    let newest = names.iter().filter_map(|n| crate::files::parse_segment_name(n).map(|seq| (seq, n))).max();
+    if let Some((_, name)) = newest {
+        if let Ok(file) = fs.open(&dir.join(name), OpenMode::Read) {
+            file.start_writeback();
+        }
+    }
 }
 
 /// Writes the newest segment's frames after the last durable claim back to the file before

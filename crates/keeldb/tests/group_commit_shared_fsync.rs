@@ -250,3 +250,38 @@ fn two_sync_writers_share_fdatasyncs() {
     }
     panic!("no attempt shared fdatasyncs (commits, fdatasyncs, gather waits): {attempts:?}");
 }
+
+/// Recovery hints the newest WAL segment's write-back early (so the disk writes a crashed
+/// process's unsynced tail while the log replays), but the hint never stands in for the
+/// fdatasync that resumes the segment: with that sync failing, the open must fail.
+#[test]
+fn reopen_starts_the_newest_segments_writeback_and_still_syncs_it() {
+    let t = TestDir::new();
+    {
+        let db = open_counting(&t.path(), &CountingFs::new(), Durability::Relaxed);
+        for i in 0..100u32 {
+            put(&db, "t", &i.to_be_bytes(), b"value");
+        }
+        drop(db);
+    }
+    let fs = CountingFs::new();
+    let db = open_counting(&t.path(), &fs, Durability::Relaxed);
+    assert_eq!(fs.counts.writebacks.load(Ordering::SeqCst), 1, "one hint, for the newest segment");
+    assert!(fs.counts.file_syncs.load(Ordering::SeqCst) >= 1, "the resumed segment is still synced");
+    assert_eq!(get(&db, "t", &99u32.to_be_bytes()).as_deref(), Some(&b"value"[..]));
+    drop(db);
+
+    let fs = CountingFs::new();
+    fs.counts.fail_syncs.store(true, Ordering::SeqCst);
+    let failed = Database::open(
+        t.path(),
+        Options {
+            durability: Durability::Relaxed,
+            fs: Arc::new(fs.clone()),
+            background_threads: false,
+            ..Options::default()
+        },
+    );
+    assert!(matches!(failed, Err(Error::Io { .. })), "a failed resume sync fails the open: {failed:?}");
+    assert_eq!(fs.counts.writebacks.load(Ordering::SeqCst), 1);
+}
