@@ -2,9 +2,11 @@
 //! transactions of 10,000 into DIR, then exits without closing (`load`); a timed reopen that
 //! replays the WAL, then checkpoints and closes (`wal`); a timed reopen from that checkpoint
 //! (`checkpoint`, repeatable).
+//! `load-wal` loads the same with automatic checkpoints off (the scale suite's store: the
+//! whole history in the WAL).
 //! `load1` is the recovery suite's fill instead (one put per relaxed commit); `wal-only` times
 //! a reopen from the WAL and leaves the store as it was (repeatable).
-//! Usage: reopen N DIR load|load1|wal|wal-only|checkpoint
+//! Usage: reopen N DIR load|load-wal|load1|wal|wal-only|checkpoint
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use keeldb::{Database, Durability, Options, TxnOptions};
 
@@ -23,8 +25,15 @@ fn main() {
     let n: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
     let dir = std::path::PathBuf::from(args.get(2).expect("usage: reopen N DIR PHASE"));
     match args.get(3).map(String::as_str) {
-        Some("load") => {
-            let db = Database::open(&dir, Options::with_durability(Durability::Relaxed)).unwrap();
+        Some(phase @ ("load" | "load-wal")) => {
+            // `load-wal` is the scale suite's fill: no automatic checkpoint, the whole history
+            // stays in the WAL.
+            let options = if phase == "load-wal" {
+                Options { checkpoint_wal_bytes: 0, ..Options::with_durability(Durability::Relaxed) }
+            } else {
+                Options::with_durability(Durability::Relaxed)
+            };
+            let db = Database::open(&dir, options).unwrap();
             let value = [42u8; 100];
             let mut next = 0;
             while next < n {
