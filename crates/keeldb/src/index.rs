@@ -33,6 +33,9 @@ const MULTI_GET_BATCH: usize = 16;
 /// ([`TableData::apply_run`]).
 pub(crate) const RUN_SORT_MIN: usize = 64;
 
+/// Writes of a sorted run whose home groups are touched together before they are applied.
+const APPLY_STAGE: usize = 16;
+
 /// A key, stored inline when short (no heap allocation for keys up to 22 bytes).
 #[derive(Clone)]
 pub(crate) enum Key {
@@ -505,16 +508,19 @@ impl TableData {
         };
         let keyed = sort_slots_by_key(live, |i| key_of(slots, i));
         if keyed.len() < self.order.len() / 16 {
-            for n in keyed {
+            for (_, n) in keyed {
                 self.order.insert(key_of(slots, n), n, |i| key_of(slots, i));
             }
         } else {
-            // Two sorted runs, merged into a new order built front to back.
+            // Two sorted runs, merged into a new order built front to back. Both carry their
+            // keys' prefixes: the slab is read only where two prefixes tie.
             let old = std::mem::take(&mut self.order);
-            let mut held = old.iter().peekable();
+            let mut held = old.entries().peekable();
             let mut added = keyed.into_iter().peekable();
             let merged = std::iter::from_fn(|| match (held.peek(), added.peek()) {
-                (Some(&h), Some(&n)) if key_of(slots, h) < key_of(slots, n) => held.next(),
+                (Some(&(ph, h)), Some(&(pn, n))) if ph < pn || (ph == pn && key_of(slots, h) < key_of(slots, n)) => {
+                    held.next()
+                }
                 (Some(_), Some(_)) | (None, _) => added.next(),
                 (Some(_), None) => held.next(),
             });
@@ -676,9 +682,18 @@ impl TableData {
         let mut order: Vec<(u64, u32)> =
             run.iter().enumerate().map(|(i, (key, _))| (self.hash(key), i as u32)).collect();
         order.sort_unstable_by_key(|&(hash, _)| self.index.home(hash));
-        for (hash, i) in order {
-            if let Some(&(key, value)) = run.get(i as usize) {
-                self.apply_value(table, key, hash, value, ts, horizon, digest, add);
+        // In stages, as `get_many` reads: the home groups of a stage are touched first, so
+        // their cache misses overlap instead of each probe waiting on its own.
+        for stage in order.chunks(APPLY_STAGE) {
+            let mut touched = 0u8;
+            for &(hash, _) in stage {
+                touched ^= self.index.touch(hash);
+            }
+            std::hint::black_box(touched);
+            for &(hash, i) in stage {
+                if let Some(&(key, value)) = run.get(i as usize) {
+                    self.apply_value(table, key, hash, value, ts, horizon, digest, add);
+                }
             }
         }
     }
@@ -903,7 +918,7 @@ impl SortedLoad {
             fill_index(index, slots, &hashes, hashes.len(), &[]);
         }
         let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-        *order = SlotOrder::from_sorted(0..n, |i| key_of(slots, i));
+        *order = SlotOrder::from_sorted((0..n).map(|i| (prefix(key_of(slots, i)), i)), |i| key_of(slots, i));
         data
     }
 }
@@ -962,9 +977,9 @@ fn fill_index(index: &mut SlotIndex, slots: &[Slot], hashes: &[u64], capacity: u
 /// smaller remainder: at the first byte where the windows differ, either both bytes are real
 /// and decide, or the smaller is padding, so that key ended there and is a prefix of the
 /// other. Equal windows decide nothing, hence the second pass.
-fn sort_slots_by_key<'a>(slots: Vec<u32>, key_of: impl Fn(u32) -> &'a [u8]) -> Vec<u32> {
+fn sort_slots_by_key<'a>(slots: Vec<u32>, key_of: impl Fn(u32) -> &'a [u8]) -> Vec<(u64, u32)> {
     let mut keys = slots.iter().map(|&n| key_of(n));
-    let Some(first) = keys.next() else { return slots };
+    let Some(first) = keys.next() else { return Vec::new() };
     let common = keys.fold(first.len(), |c, k| c.min(first.iter().zip(k).take_while(|(a, b)| a == b).count()));
     let window = |key: &[u8]| prefix(key.get(common..).unwrap_or_default());
     let mut keyed: Vec<(u64, u32)> = slots.iter().map(|&n| (window(key_of(n)), n)).collect();
@@ -972,7 +987,14 @@ fn sort_slots_by_key<'a>(slots: Vec<u32>, key_of: impl Fn(u32) -> &'a [u8]) -> V
     for tied in keyed.chunk_by_mut(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
         tied.sort_unstable_by(|a, b| key_of(a.1).cmp(key_of(b.1)));
     }
-    keyed.into_iter().map(|(_, n)| n).collect()
+    // Each key's own prefix: the bytes all keys share, then its window's first bytes.
+    let shared = prefix(first.get(..common.min(8)).unwrap_or_default());
+    let whole = |window: u64| match common {
+        0 => window,
+        1..=7 => shared | window >> (8 * common),
+        _ => shared,
+    };
+    keyed.into_iter().map(|(window, n)| (whole(window), n)).collect()
 }
 
 /// Sorts distinct keys; a long list on two threads (each half, then one merge pass).
@@ -1199,8 +1221,11 @@ mod tests {
             }
             let names: Vec<Vec<u8>> = keys.iter().rev().cloned().collect();
             let sorted = sort_slots_by_key((0..names.len() as u32).collect(), |i| names[i as usize].as_slice());
-            let got: Vec<&Vec<u8>> = sorted.iter().map(|&i| &names[i as usize]).collect();
+            let got: Vec<&Vec<u8>> = sorted.iter().map(|&(_, i)| &names[i as usize]).collect();
             assert_eq!(got, keys.iter().collect::<Vec<_>>(), "case {case}");
+            for &(p, i) in &sorted {
+                assert_eq!(p, prefix(&names[i as usize]), "case {case}: the prefix of {:?}", names[i as usize]);
+            }
         }
         assert!(sort_slots_by_key(Vec::new(), |_| &[][..]).is_empty());
     }

@@ -59,14 +59,22 @@ pub(crate) fn prefix(key: &[u8]) -> u64 {
 
 impl Entry {
     fn new(key: &[u8], slot: u32) -> Entry {
-        let p = prefix(key);
+        Entry::with_prefix(prefix(key), slot)
+    }
+
+    /// The entry of `slot`, whose key's [`prefix`] is `p`.
+    fn with_prefix(p: u64, slot: u32) -> Entry {
         Entry { high: (p >> 32) as u32, low: p as u32, slot }
+    }
+
+    fn prefix(self) -> u64 {
+        u64::from(self.high) << 32 | u64::from(self.low)
     }
 
     /// This entry's key against `key`, whose prefix is `p`; reads the slab only on a tie.
     #[inline]
     fn cmp<'a>(self, key: &[u8], p: u64, key_of: &impl Fn(u32) -> &'a [u8]) -> Ordering {
-        (u64::from(self.high) << 32 | u64::from(self.low)).cmp(&p).then_with(|| key_of(self.slot).cmp(key))
+        self.prefix().cmp(&p).then_with(|| key_of(self.slot).cmp(key))
     }
 }
 
@@ -109,12 +117,15 @@ impl SlotOrder {
         self.len
     }
 
-    /// An order holding `slots`, which must already be in strictly ascending key order.
-    pub fn from_sorted<'a>(slots: impl IntoIterator<Item = u32>, key_of: impl Fn(u32) -> &'a [u8]) -> SlotOrder {
+    /// An order holding `slots`, given with their keys' [`prefix`]es, which must already be
+    /// in strictly ascending key order. The prefixes come from the caller (a sort had them),
+    /// so the slab is read once per chunk for its fence, not once per slot in key order: a
+    /// random read each, a cache miss per key when the table is large.
+    pub fn from_sorted<'a>(slots: impl IntoIterator<Item = (u64, u32)>, key_of: impl Fn(u32) -> &'a [u8]) -> SlotOrder {
         let mut runs: Vec<Vec<Entry>> = Vec::new();
         let mut len = 0;
-        for slot in slots {
-            let entry = Entry::new(key_of(slot), slot);
+        for (p, slot) in slots {
+            let entry = Entry::with_prefix(p, slot);
             match runs.last_mut() {
                 Some(run) if run.len() < CHUNK => run.push(entry),
                 _ => runs.push(new_chunk(entry)),
@@ -289,8 +300,14 @@ impl SlotOrder {
     }
 
     /// Every slot held, in key order.
+    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.chunks.values().flatten().map(|e| e.slot)
+    }
+
+    /// Every slot with its key's [`prefix`], in key order.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.chunks.values().flatten().map(|e| (e.prefix(), e.slot))
     }
 
     /// Checks every invariant in the module comment.
@@ -435,7 +452,7 @@ mod tests {
     fn a_sorted_build_holds_full_chunks_and_appends_after_it() {
         let names: Vec<Vec<u8>> = (0..1_000u32).map(|i| format!("k{i:05}").into_bytes()).collect();
         let key_of = |s: u32| names[s as usize].as_slice();
-        let mut order = SlotOrder::from_sorted(0..900, key_of);
+        let mut order = SlotOrder::from_sorted((0..900).map(|s| (prefix(key_of(s)), s)), key_of);
         order.check(key_of);
         assert_eq!(order.chunks.len(), 900usize.div_ceil(CHUNK));
         for s in 900..1_000 {
@@ -445,6 +462,7 @@ mod tests {
         assert!(!order.insert(key_of(5), 5, key_of));
         order.check(key_of);
         assert_eq!(order.iter().collect::<Vec<_>>(), (0..1_000).collect::<Vec<_>>());
+        assert!(order.entries().all(|(p, s)| p == prefix(key_of(s))), "entries carry their keys' prefixes");
         assert_eq!(SlotOrder::from_sorted(std::iter::empty(), key_of).len(), 0);
         // A small table's one chunk is small; grown past a full chunk and split, it is not
         // left with the doubled room.
