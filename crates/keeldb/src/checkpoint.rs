@@ -391,24 +391,6 @@ fn for_each_block(
     Ok(())
 }
 
-/// Delivers a checkpoint's records to `sink` checking their structure only: no CRC, no
-/// digest, no counts. For a reader that builds while [`read_checkpoint`] verifies the same
-/// bytes on another thread, and keeps what it built only if that verification passes.
-pub(crate) fn decode_unverified(bytes: &[u8], sink: &mut dyn CheckpointSink) -> std::result::Result<(), (u64, String)> {
-    if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
-        return Err((0, "file shorter than header and footer".to_owned()));
-    }
-    for_each_block(bytes, bytes.len() - FOOTER_BYTES, |pos, block, _crc| {
-        decode_records(pos, block, |record| {
-            match record {
-                Record::Table { id, name } => sink.table(id, name),
-                Record::Entry { table, key, value } => sink.entry(table, key, value),
-            }
-            Ok(())
-        })
-    })
-}
-
 /// Decodes blocks in order, each only after its CRC matched, and keeps the counts and the
 /// digest the footer must agree with. Shared by the file reader and the stream reader.
 #[derive(Debug, Default)]
@@ -467,6 +449,180 @@ impl BlockDecoder {
             return Err((at, "state digest mismatch".to_owned()));
         }
         Ok(self.digest)
+    }
+}
+
+/// Delivers one block's records to `sink` checking their structure only (no CRC): for a
+/// reader that builds while another thread verifies the same blocks (and keeps what
+/// it built only if that verification passes).
+pub(crate) fn decode_block_unverified(
+    pos: u64,
+    block: &[u8],
+    sink: &mut dyn CheckpointSink,
+) -> std::result::Result<(), (u64, String)> {
+    decode_records(pos, block, |record| {
+        match record {
+            Record::Table { id, name } => sink.table(id, name),
+            Record::Entry { table, key, value } => sink.entry(table, key, value),
+        }
+        Ok(())
+    })
+}
+
+/// Calls `f` with each block's offset, bytes and stored CRC in `bytes`, a run of whole blocks
+/// that starts at file offset `base` (as [`Windows`] hands them out).
+pub(crate) fn for_each_block_in(
+    base: u64,
+    bytes: &[u8],
+    mut f: impl FnMut(u64, &[u8], u32) -> std::result::Result<(), (u64, String)>,
+) -> std::result::Result<(), (u64, String)> {
+    let mut off = 0;
+    while off < bytes.len() {
+        let at = base + off as u64;
+        let (Some(len), Some(crc)) = (le_u32(bytes, off), le_u32(bytes, off + 4)) else {
+            return Err((at, "truncated block header".to_owned()));
+        };
+        let end = off + BLOCK_HEADER_BYTES + len as usize;
+        let Some(block) = bytes.get(off + BLOCK_HEADER_BYTES..end) else {
+            return Err((at, "block length runs past the footer".to_owned()));
+        };
+        f(at, block, crc)?;
+        off = end;
+    }
+    Ok(())
+}
+
+/// A checkpoint file read a window at a time: runs of whole blocks into a buffer the caller
+/// reuses, instead of the whole file into memory at once. At 10M keys the file is 1.3 GB, and
+/// reading it whole cost as much fresh memory to fault in and zero (then free) before the
+/// state itself was built.
+///
+/// Reports exactly what [`read_checkpoint`] reports, in the same order: the header and footer
+/// are checked on opening; a block whose length does not fit is reported only after the whole
+/// blocks before it were handed out (and so verified, or refused, first).
+pub(crate) struct Windows<'f> {
+    file: &'f dyn FileHandle,
+    /// The checked header.
+    pub header: Header,
+    /// The footer, checked on its own (its counts and digest are for the caller to compare).
+    pub footer: Footer,
+    /// The footer's offset: where the blocks end.
+    pub footer_at: u64,
+    pos: u64,
+    window: usize,
+    /// A structural error found past the blocks last handed out.
+    pending: Option<(u64, String)>,
+}
+
+/// A window's place: the file offset of its first block, and how many bytes of whole blocks
+/// the caller's buffer now holds from its start.
+pub(crate) type Window = (u64, usize);
+
+impl<'f> Windows<'f> {
+    /// Checks `file`'s header and footer; windows of about `window` bytes (at least 64) follow.
+    pub fn open(
+        file: &'f dyn FileHandle,
+        window: usize,
+    ) -> std::io::Result<std::result::Result<Windows<'f>, (u64, String)>> {
+        let len = file.len()?;
+        if len < (HEADER_BYTES + FOOTER_BYTES) as u64 {
+            return Ok(Err((0, "file shorter than header and footer".to_owned())));
+        }
+        let mut header = [0u8; HEADER_BYTES];
+        crate::fs::read_exact_at(file, &mut header, 0)?;
+        let header = match decode_header(&header) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(e)),
+        };
+        let footer_at = len - FOOTER_BYTES as u64;
+        let mut footer = [0u8; FOOTER_BYTES];
+        crate::fs::read_exact_at(file, &mut footer, footer_at)?;
+        let footer = match decode_footer(&footer, header.ts, footer_at) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e)),
+        };
+        let window = window.max(HEADER_BYTES);
+        Ok(Ok(Windows { file, header, footer, footer_at, pos: HEADER_BYTES as u64, window, pending: None }))
+    }
+
+    /// Reads the next run of whole blocks into `buf` (replacing what it held): `None` once
+    /// the blocks are done, or the structural error that ends them. A block longer than the
+    /// window is read whole, alone.
+    pub fn next_into(
+        &mut self,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<Option<std::result::Result<Window, (u64, String)>>> {
+        if let Some(e) = self.pending.take() {
+            return Ok(Some(Err(e)));
+        }
+        if self.pos >= self.footer_at {
+            return Ok(None);
+        }
+        let want = usize::try_from(self.footer_at - self.pos).unwrap_or(usize::MAX).min(self.window);
+        buf.resize(want, 0);
+        crate::fs::read_exact_at(self.file, buf, self.pos)?;
+        let mut off = 0;
+        loop {
+            let at = self.pos + off as u64;
+            if at >= self.footer_at {
+                break;
+            }
+            // A block's 8-byte prefix that reaches into the footer reads its length from the
+            // footer's bytes: [`for_each_block`] reports that as a length past the footer.
+            if at + BLOCK_HEADER_BYTES as u64 > self.footer_at {
+                self.pending = Some((at, "block length runs past the footer".to_owned()));
+                break;
+            }
+            if off + BLOCK_HEADER_BYTES > want {
+                break; // the prefix lies past this window: the next one starts with it
+            }
+            let len = le_u32(buf, off).map_or(usize::MAX, |l| l as usize);
+            if len > BLOCK_MAX_BYTES || at + (BLOCK_HEADER_BYTES + len) as u64 > self.footer_at {
+                self.pending = Some((at, "block length runs past the footer".to_owned()));
+                break;
+            }
+            let end = off + BLOCK_HEADER_BYTES + len;
+            if end > want {
+                if off == 0 {
+                    buf.resize(end, 0);
+                    crate::fs::read_exact_at(
+                        self.file,
+                        buf.get_mut(want..).unwrap_or_default(),
+                        self.pos + want as u64,
+                    )?;
+                    off = end;
+                }
+                break;
+            }
+            off = end;
+        }
+        if off == 0 {
+            let e = self.pending.take().unwrap_or((self.pos, "unreadable block".to_owned()));
+            return Ok(Some(Err(e)));
+        }
+        let base = self.pos;
+        self.pos += off as u64;
+        Ok(Some(Ok((base, off))))
+    }
+}
+
+impl BlockDecoder {
+    /// The summary of a checkpoint whose every block went through [`BlockDecoder::block`]:
+    /// the footer's counts and digest checked against what was decoded.
+    pub fn summary(
+        &self,
+        header: &Header,
+        footer: &Footer,
+        footer_at: u64,
+    ) -> std::result::Result<CheckpointSummary, (u64, String)> {
+        let digest = self.check(footer, footer_at)?;
+        Ok(CheckpointSummary {
+            ts: header.ts,
+            next_table_id: header.next_table_id,
+            entries: self.entries,
+            digest,
+            applied: header.applied,
+        })
     }
 }
 

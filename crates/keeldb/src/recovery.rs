@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{decode_unverified, parse_checkpoint_name, read_checkpoint, CheckpointSink, CheckpointSummary};
+use crate::checkpoint::{parse_checkpoint_name, CheckpointSink, CheckpointSummary};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, read_all_into, write_all_at, FileSystem, OpenMode};
@@ -312,36 +312,6 @@ impl CheckpointSink for BulkLoad {
     }
 }
 
-/// Decodes a checkpoint's records into [`SortedLoad`]s and builds their hash tables, without
-/// verifying anything; `None` when the bytes do not decode as a checkpoint writer's output.
-fn load_unverified(bytes: &[u8]) -> Option<BulkLoad> {
-    let single_table_entries = checkpoint_footer(bytes).filter(|f| f.tables == 1).map(|f| f.entries as usize);
-    let mut bulk =
-        BulkLoad { state: StateBuilder::default(), single_table_entries, loads: Default::default(), failed: false };
-    decode_unverified(bytes, &mut bulk).ok()?;
-    if bulk.failed {
-        return None;
-    }
-    for load in bulk.loads.values_mut() {
-        load.build_index();
-    }
-    Some(bulk)
-}
-
-/// A checkpoint's footer, unverified beyond its own CRC (a size hint only).
-fn checkpoint_footer(bytes: &[u8]) -> Option<crate::checkpoint::Footer> {
-    let header = crate::checkpoint::decode_header(bytes).ok()?;
-    let at = bytes.len().checked_sub(crate::checkpoint::FOOTER_BYTES)?;
-    crate::checkpoint::decode_footer(bytes.get(at..)?, header.ts, at as u64).ok()
-}
-
-/// Builds the state a checkpoint's bytes hold, without verifying them; `None` when they do not
-/// decode as a checkpoint writer's output.
-#[cfg(test)]
-fn build_unverified(bytes: &[u8]) -> Option<StateBuilder> {
-    finish_load(load_unverified(bytes)?)
-}
-
 /// Finishes every table of `bulk`.
 fn finish_load(bulk: BulkLoad) -> Option<StateBuilder> {
     for (id, load) in bulk.loads {
@@ -351,48 +321,149 @@ fn finish_load(bulk: BulkLoad) -> Option<StateBuilder> {
     Some(bulk.state)
 }
 
-/// Verifies a checkpoint's bytes and builds the state they hold into `state` (empty on entry).
-/// Two threads share the work over the same bytes: this one builds each table's slab and hash
-/// table (the ordered index comes free with the slab: see [`SortedLoad::finish`]); the other
-/// verifies (every block's CRC, the counts, the digest). What was built is kept only if
-/// verification passes, so the result is
-/// exactly [`read_checkpoint`]'s. Falls back to [`read_checkpoint`] alone when no thread can be
-/// started or the records are not in a checkpoint writer's order.
-fn load_checkpoint_bytes(
-    bytes: &[u8],
+/// Bytes of a checkpoint file read at a time at open (whole blocks; a longer block alone).
+const CHECKPOINT_WINDOW: usize = 8 << 20;
+/// Windows read ahead of the verifier at most (each a buffer of about [`CHECKPOINT_WINDOW`]).
+const WINDOWS_IN_FLIGHT: usize = 3;
+
+/// A result whose error is a checkpoint's offset and reason.
+type Checked<T> = std::result::Result<T, (u64, String)>;
+
+/// Verifies a checkpoint file and builds the state it holds into `state` (empty on entry), a
+/// window at a time. Two threads share the work: this one reads each window and builds each
+/// table's slab from it (the ordered index comes free with the slab: see
+/// [`SortedLoad::finish`]), then the hash tables; the other verifies the same windows (every
+/// block's CRC, then the counts and the digest). What was built is kept only if verification
+/// passes, so the outcome is [`crate::checkpoint::read_checkpoint`]'s on the file's bytes: the same state, the
+/// same first error. At most [`WINDOWS_IN_FLIGHT`] windows are in memory at once: reading a
+/// 1.3 GB checkpoint whole faulted in and zeroed as much fresh memory before the state was
+/// built, and freed it after. Falls back to [`read_checkpoint_file`] alone when no verifier
+/// thread runs to the end, or when the records are not in a checkpoint writer's order.
+fn load_checkpoint_file(
+    file: &dyn crate::fs::FileHandle,
+    window: usize,
     state: &mut StateBuilder,
-) -> std::result::Result<CheckpointSummary, (u64, String)> {
-    struct Discard;
-    impl CheckpointSink for Discard {
-        fn table(&mut self, _: u32, _: &str) {}
-        fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
-    }
-    let verify = || read_checkpoint(bytes, &mut Discard);
-    let (verified, built) = std::thread::scope(|scope| {
-        let verifier = std::thread::Builder::new().name("keeldb-checkpoint-verify".into()).spawn_scoped(scope, verify);
-        match verifier {
-            Ok(handle) => {
-                let loaded = load_unverified(bytes);
-                // A verifier that panicked decided nothing: the plain reader below decides.
-                match (handle.join(), loaded) {
-                    (Ok(Ok(summary)), Some(bulk)) => (Some(Ok(summary)), finish_load(bulk)),
-                    (Ok(verified), _) => (Some(verified), None),
-                    (Err(_), _) => (None, None),
-                }
+) -> std::io::Result<Checked<CheckpointSummary>> {
+    use crate::checkpoint::{decode_block_unverified, for_each_block_in, BlockDecoder, Windows};
+    use std::sync::mpsc;
+    let mut windows = match Windows::open(file, window)? {
+        Ok(w) => w,
+        Err(e) => return Ok(Err(e)),
+    };
+    let (header, footer, footer_at) = (windows.header, windows.footer, windows.footer_at);
+    let single_table_entries = (footer.tables == 1).then(|| usize::try_from(footer.entries).unwrap_or(0));
+    let mut bulk =
+        BulkLoad { state: StateBuilder::default(), single_table_entries, loads: Default::default(), failed: false };
+    let (to_verifier, verifier_in) = mpsc::sync_channel::<(u64, usize, Arc<Vec<u8>>)>(WINDOWS_IN_FLIGHT);
+    let (back, returned) = mpsc::channel::<Arc<Vec<u8>>>();
+    let verify = move || {
+        let mut decoder = BlockDecoder::default();
+        let mut verdict = Ok(());
+        for (base, len, bytes) in verifier_in {
+            if verdict.is_ok() {
+                let blocks = bytes.get(..len).unwrap_or_default();
+                verdict = for_each_block_in(base, blocks, |p, b, crc| decoder.block(p, b, crc, &mut Discard));
             }
-            Err(_) => (None, None),
+            // The reader may be gone (an I/O error ended it): the buffer is then just freed.
+            let _ = back.send(bytes);
         }
+        (verdict, decoder)
+    };
+    let (read, verified) = std::thread::scope(|scope| {
+        let Ok(verifier) =
+            std::thread::Builder::new().name("keeldb-checkpoint-verify".into()).spawn_scoped(scope, verify)
+        else {
+            return (Ok(Ok(())), None);
+        };
+        let mut made = 0;
+        let read = loop {
+            let buf = match returned.try_recv() {
+                Ok(b) => Arc::try_unwrap(b).unwrap_or_default(),
+                Err(_) if made <= WINDOWS_IN_FLIGHT => {
+                    made += 1;
+                    Vec::new()
+                }
+                Err(_) => returned.recv().ok().and_then(|b| Arc::try_unwrap(b).ok()).unwrap_or_default(),
+            };
+            let mut buf = buf;
+            let (base, len) = match windows.next_into(&mut buf) {
+                Ok(Some(Ok(w))) => w,
+                Ok(Some(Err(e))) => break Ok(Err(e)),
+                Ok(None) => break Ok(Ok(())),
+                Err(e) => break Err(e),
+            };
+            let shared = Arc::new(buf);
+            if to_verifier.send((base, len, Arc::clone(&shared))).is_err() {
+                break Ok(Ok(())); // the verifier is gone: its join below says so
+            }
+            if !bulk.failed {
+                let blocks = shared.get(..len).unwrap_or_default();
+                let built = for_each_block_in(base, blocks, |p, b, _| decode_block_unverified(p, b, &mut bulk));
+                bulk.failed |= built.is_err();
+            }
+        };
+        drop(to_verifier);
+        if read.is_ok() && !bulk.failed {
+            // While the verifier finishes the last windows.
+            for load in bulk.loads.values_mut() {
+                load.build_index();
+            }
+        }
+        (read, verifier.join().ok())
     });
-    match (verified, built) {
-        (Some(verified), Some(mut b)) => {
-            let summary = verified?;
-            b.digest = summary.digest;
-            *state = b;
-            Ok(summary)
+    let structure = read?;
+    let Some((blocks, decoder)) = verified else {
+        // No verifier ran to the end (none started, or it panicked): it decided nothing.
+        return read_checkpoint_file(file, window, state);
+    };
+    // The first error in file order: a block the verifier refused lies before any structural
+    // error the reader met, which it found only after handing out every block before it.
+    let summary = match blocks.and(structure).and_then(|()| decoder.summary(&header, &footer, footer_at)) {
+        Ok(summary) => summary,
+        Err(e) => return Ok(Err(e)),
+    };
+    if !bulk.failed {
+        if let Some(mut built) = finish_load(bulk) {
+            built.digest = summary.digest;
+            *state = built;
+            return Ok(Ok(summary));
         }
-        (Some(Err(e)), None) => Err(e),
-        _ => read_checkpoint(bytes, state),
     }
+    // Records not in a checkpoint writer's order: verified, so built the general way.
+    read_checkpoint_file(file, window, state)
+}
+
+/// [`crate::checkpoint::read_checkpoint`] on a file, a window at a time, on this thread alone.
+fn read_checkpoint_file(
+    file: &dyn crate::fs::FileHandle,
+    window: usize,
+    state: &mut StateBuilder,
+) -> std::io::Result<Checked<CheckpointSummary>> {
+    use crate::checkpoint::{for_each_block_in, BlockDecoder, Windows};
+    let mut windows = match Windows::open(file, window)? {
+        Ok(w) => w,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut decoder = BlockDecoder::default();
+    let mut buf = Vec::new();
+    while let Some(next) = windows.next_into(&mut buf)? {
+        let (base, len) = match next {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        let blocks = buf.get(..len).unwrap_or_default();
+        if let Err(e) = for_each_block_in(base, blocks, |p, b, crc| decoder.block(p, b, crc, state)) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(decoder.summary(&windows.header, &windows.footer, windows.footer_at))
+}
+
+/// A sink that keeps nothing: for a pass that only verifies.
+struct Discard;
+impl CheckpointSink for Discard {
+    fn table(&mut self, _: u32, _: &str) {}
+    fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
 }
 
 /// The torn tail that [`recover`] cuts off.
@@ -448,10 +519,11 @@ fn load_checkpoint(
             valid.push((ts, path));
             continue;
         }
-        let bytes =
-            fs.open(&path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&path, e))?;
+        let file = fs.open(&path, OpenMode::Read).map_err(|e| Error::io(&path, e))?;
         let mut state = StateBuilder::default();
-        match load_checkpoint_bytes(&bytes, &mut state) {
+        let loaded =
+            load_checkpoint_file(file.as_ref(), CHECKPOINT_WINDOW, &mut state).map_err(|e| Error::io(&path, e))?;
+        match loaded {
             Ok(summary) if summary.ts == ts => {
                 state.next_table_id = state.next_table_id.max(summary.next_table_id);
                 state.applied = summary.applied;
@@ -956,8 +1028,21 @@ fn append_recovery_log(fs: &dyn FileSystem, dir: &Path, report: &RecoveryReport)
 #[cfg(test)]
 mod checkpoint_load_tests {
     use super::*;
-    use crate::checkpoint::CheckpointWriter;
+    use crate::checkpoint::{read_checkpoint, CheckpointWriter};
     use crate::fs::StdFs;
+
+    /// Window sizes that cut a checkpoint every way: every block longer than the window (read
+    /// alone), blocks straddling windows, several blocks a window, the whole file in one.
+    const WINDOWS: [usize; 4] = [64, 300_000, 1 << 20, CHECKPOINT_WINDOW];
+
+    /// [`load_checkpoint_file`] on `bytes` written to a file, in windows of `window` bytes.
+    fn load_file(bytes: &[u8], window: usize, state: &mut StateBuilder) -> Checked<CheckpointSummary> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        std::fs::write(&path, bytes).unwrap();
+        let file = StdFs.open(&path, OpenMode::Read).unwrap();
+        load_checkpoint_file(file.as_ref(), window, state).unwrap()
+    }
 
     /// A checkpoint of two tables, with the entries of table 2 in the order given.
     fn checkpoint_bytes(dir: &Path, keys_of_two: &[u32]) -> Vec<u8> {
@@ -1073,36 +1158,46 @@ mod checkpoint_load_tests {
     }
 
     #[test]
-    fn the_parallel_load_builds_what_the_plain_reader_builds() {
+    fn the_windowed_load_builds_what_the_plain_reader_builds() {
         let dir = tempfile::tempdir().unwrap();
         let bytes = checkpoint_bytes(dir.path(), &(0..500).collect::<Vec<_>>());
         let mut plain = StateBuilder::default();
         read_checkpoint(&bytes, &mut plain).unwrap();
-        let mut fast = StateBuilder::default();
-        let summary = load_checkpoint_bytes(&bytes, &mut fast).unwrap();
-        assert_eq!(summary.entries, 3_500);
-        assert_eq!(fast.next_table_id, plain.next_table_id);
-        assert_eq!(contents(&fast), contents(&plain));
-        assert_eq!(contents(&fast).0.iter().map(|(_, e)| e.len()).collect::<Vec<_>>(), vec![3_000, 500]);
+        for window in WINDOWS {
+            let mut fast = StateBuilder::default();
+            let summary = load_file(&bytes, window, &mut fast).unwrap();
+            assert_eq!(summary.entries, 3_500);
+            assert_eq!(fast.next_table_id, plain.next_table_id);
+            assert_eq!(contents(&fast), contents(&plain), "window {window}");
+            assert_eq!(contents(&fast).0.iter().map(|(_, e)| e.len()).collect::<Vec<_>>(), vec![3_000, 500]);
+        }
+    }
+
+    /// A checkpoint of one table with `n` entries of 100-byte values (about 9 blocks at 20,000).
+    fn single_table_bytes(dir: &Path, n: u32) -> Vec<u8> {
+        let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+        let mut w = CheckpointWriter::create(fs, dir, 5, 2, None).unwrap();
+        w.table(1, &Arc::from("only")).unwrap();
+        for i in 0..n {
+            w.entry(1, &i.to_be_bytes(), &[(i % 251) as u8; 100]).unwrap();
+        }
+        std::fs::read(w.finish().unwrap().0).unwrap()
     }
 
     #[test]
-    fn a_single_table_checkpoint_loads_sized_from_its_footer() {
+    fn a_single_table_checkpoint_of_many_blocks_loads_in_every_window_size() {
         let dir = tempfile::tempdir().unwrap();
-        let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-        let mut w = CheckpointWriter::create(fs, dir.path(), 5, 2, None).unwrap();
-        w.table(1, &Arc::from("only")).unwrap();
-        for i in 0..4_000u32 {
-            w.entry(1, &i.to_be_bytes(), &[3u8; 20]).unwrap();
-        }
-        let bytes = std::fs::read(w.finish().unwrap().0).unwrap();
-        assert_eq!(checkpoint_footer(&bytes).map(|f| (f.tables, f.entries)), Some((1, 4_000)));
+        let bytes = single_table_bytes(dir.path(), 20_000);
+        assert!(bytes.len() > 4 * 300_000, "several windows of every size but the largest");
         let mut plain = StateBuilder::default();
-        read_checkpoint(&bytes, &mut plain).unwrap();
-        let mut fast = StateBuilder::default();
-        load_checkpoint_bytes(&bytes, &mut fast).unwrap();
-        assert_eq!(contents(&fast), contents(&plain));
-        assert_eq!(contents(&fast).0.first().map(|(_, e)| e.len()), Some(4_000));
+        let expected = read_checkpoint(&bytes, &mut plain).unwrap();
+        for window in WINDOWS {
+            let mut fast = StateBuilder::default();
+            let summary = load_file(&bytes, window, &mut fast).unwrap();
+            assert_eq!((summary.entries, summary.digest), (expected.entries, expected.digest));
+            assert_eq!(contents(&fast), contents(&plain), "window {window}");
+            assert_eq!(contents(&fast).0.first().map(|(_, e)| e.len()), Some(20_000));
+        }
     }
 
     #[test]
@@ -1111,26 +1206,73 @@ mod checkpoint_load_tests {
         let dir = tempfile::tempdir().unwrap();
         let keys: Vec<u32> = (0..500).rev().collect();
         let bytes = checkpoint_bytes(dir.path(), &keys);
-        assert!(build_unverified(&bytes).is_none(), "the bulk path must refuse keys out of order");
         let mut plain = StateBuilder::default();
         read_checkpoint(&bytes, &mut plain).unwrap();
-        let mut loaded = StateBuilder::default();
-        load_checkpoint_bytes(&bytes, &mut loaded).unwrap();
-        assert_eq!(contents(&loaded), contents(&plain));
-        assert_eq!(contents(&loaded).0.get(1).map(|(_, e)| e.len()), Some(500));
+        for window in WINDOWS {
+            let mut loaded = StateBuilder::default();
+            load_file(&bytes, window, &mut loaded).unwrap();
+            assert_eq!(contents(&loaded), contents(&plain));
+            assert_eq!(contents(&loaded).0.get(1).map(|(_, e)| e.len()), Some(500));
+        }
+    }
+
+    /// The error `read_checkpoint` gives for `bytes`, which must be damaged.
+    fn plain_error(bytes: &[u8]) -> (u64, String) {
+        read_checkpoint(bytes, &mut Discard).map(|_| ()).unwrap_err()
     }
 
     #[test]
-    fn a_damaged_checkpoint_is_refused_although_its_records_were_built() {
+    fn a_damaged_checkpoint_is_refused_with_the_plain_readers_error_although_its_records_were_built() {
         let dir = tempfile::tempdir().unwrap();
         let bytes = checkpoint_bytes(dir.path(), &(0..500).collect::<Vec<_>>());
         // Flips inside values change no structure: the builder builds, verification refuses.
         for offset in (0..bytes.len()).step_by(211) {
             let mut bad = bytes.clone();
             bad[offset] ^= 0x10;
+            for window in [64, CHECKPOINT_WINDOW] {
+                let mut state = StateBuilder::default();
+                let got = load_file(&bad, window, &mut state).map(|_| ()).unwrap_err();
+                assert_eq!(got, plain_error(&bad), "flip at {offset}, window {window}");
+                assert_eq!(state.catalog.all().len(), 0, "flip at {offset}: state kept");
+            }
+        }
+        // Cut short anywhere: the footer is gone or misplaced.
+        for cut in [0, 10, 64, 100, bytes.len() / 2, bytes.len() - 1] {
             let mut state = StateBuilder::default();
-            assert!(load_checkpoint_bytes(&bad, &mut state).is_err(), "flip at {offset} accepted");
-            assert_eq!(state.catalog.all().len(), 0, "flip at {offset}: state kept");
+            let got = load_file(&bytes[..cut], 1 << 20, &mut state).map(|_| ()).unwrap_err();
+            assert_eq!(got, plain_error(&bytes[..cut]), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_bad_block_length_is_reported_after_the_blocks_before_it_as_the_plain_reader_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = single_table_bytes(dir.path(), 20_000);
+        // The block offsets, walked as the format lays them out.
+        let footer_at = bytes.len() - crate::checkpoint::FOOTER_BYTES;
+        let mut starts = Vec::new();
+        let mut at = crate::checkpoint::HEADER_BYTES;
+        while at < footer_at {
+            starts.push(at);
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            at += crate::checkpoint::BLOCK_PREFIX_BYTES + len;
+        }
+        assert!(starts.len() >= 5, "{} blocks", starts.len());
+        let third = starts[2];
+        for (case, length) in [("huge", u32::MAX), ("past the footer", (footer_at - third) as u32), ("short", 3)] {
+            let mut bad = bytes.clone();
+            bad[third..third + 4].copy_from_slice(&length.to_le_bytes());
+            // With a CRC error in an earlier block too, that one is reported first.
+            let mut earlier_too = bad.clone();
+            earlier_too[starts[1] + 20] ^= 0x01;
+            for damaged in [&bad, &earlier_too] {
+                for window in WINDOWS {
+                    let mut state = StateBuilder::default();
+                    let got = load_file(damaged, window, &mut state).map(|_| ()).unwrap_err();
+                    assert_eq!(got, plain_error(damaged), "{case}, window {window}");
+                    assert_eq!(state.catalog.all().len(), 0);
+                }
+            }
         }
     }
 }
