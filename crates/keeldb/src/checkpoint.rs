@@ -492,6 +492,9 @@ pub(crate) fn for_each_block_in(
     Ok(())
 }
 
+/// Bytes of a checkpoint file read at a time ([`Windows`]): whole blocks, a longer block alone.
+pub(crate) const READ_WINDOW: usize = 8 << 20;
+
 /// A checkpoint file read a window at a time: runs of whole blocks into a buffer the caller
 /// reuses, instead of the whole file into memory at once. At 10M keys the file is 1.3 GB, and
 /// reading it whole cost as much fresh memory to fault in and zero (then free) before the
@@ -624,6 +627,32 @@ impl BlockDecoder {
             applied: header.applied,
         })
     }
+}
+
+/// [`read_checkpoint`] on a file, a window at a time, on this thread alone: for `keel verify`,
+/// and for open when it cannot build on two threads.
+pub(crate) fn read_checkpoint_file(
+    file: &dyn FileHandle,
+    window: usize,
+    sink: &mut dyn CheckpointSink,
+) -> std::io::Result<std::result::Result<CheckpointSummary, (u64, String)>> {
+    let mut windows = match Windows::open(file, window)? {
+        Ok(w) => w,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut decoder = BlockDecoder::default();
+    let mut buf = Vec::new();
+    while let Some(next) = windows.next_into(&mut buf)? {
+        let (base, len) = match next {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        let blocks = buf.get(..len).unwrap_or_default();
+        if let Err(e) = for_each_block_in(base, blocks, |p, b, crc| decoder.block(p, b, crc, sink)) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(decoder.summary(&windows.header, &windows.footer, windows.footer_at))
 }
 
 /// Reads and verifies a whole checkpoint file's bytes, delivering records to `sink` as each

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{parse_checkpoint_name, CheckpointSink, CheckpointSummary};
+use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, CheckpointSink, CheckpointSummary, READ_WINDOW};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, read_all_into, write_all_at, FileSystem, OpenMode};
@@ -321,9 +321,7 @@ fn finish_load(bulk: BulkLoad) -> Option<StateBuilder> {
     Some(bulk.state)
 }
 
-/// Bytes of a checkpoint file read at a time at open (whole blocks; a longer block alone).
-const CHECKPOINT_WINDOW: usize = 8 << 20;
-/// Windows read ahead of the verifier at most (each a buffer of about [`CHECKPOINT_WINDOW`]).
+/// Windows read ahead of the verifier at most (each a buffer of about [`READ_WINDOW`]).
 const WINDOWS_IN_FLIGHT: usize = 3;
 
 /// A result whose error is a checkpoint's offset and reason.
@@ -433,32 +431,6 @@ fn load_checkpoint_file(
     read_checkpoint_file(file, window, state)
 }
 
-/// [`crate::checkpoint::read_checkpoint`] on a file, a window at a time, on this thread alone.
-fn read_checkpoint_file(
-    file: &dyn crate::fs::FileHandle,
-    window: usize,
-    state: &mut StateBuilder,
-) -> std::io::Result<Checked<CheckpointSummary>> {
-    use crate::checkpoint::{for_each_block_in, BlockDecoder, Windows};
-    let mut windows = match Windows::open(file, window)? {
-        Ok(w) => w,
-        Err(e) => return Ok(Err(e)),
-    };
-    let mut decoder = BlockDecoder::default();
-    let mut buf = Vec::new();
-    while let Some(next) = windows.next_into(&mut buf)? {
-        let (base, len) = match next {
-            Ok(w) => w,
-            Err(e) => return Ok(Err(e)),
-        };
-        let blocks = buf.get(..len).unwrap_or_default();
-        if let Err(e) = for_each_block_in(base, blocks, |p, b, crc| decoder.block(p, b, crc, state)) {
-            return Ok(Err(e));
-        }
-    }
-    Ok(decoder.summary(&windows.header, &windows.footer, windows.footer_at))
-}
-
 /// A sink that keeps nothing: for a pass that only verifies.
 struct Discard;
 impl CheckpointSink for Discard {
@@ -521,8 +493,7 @@ fn load_checkpoint(
         }
         let file = fs.open(&path, OpenMode::Read).map_err(|e| Error::io(&path, e))?;
         let mut state = StateBuilder::default();
-        let loaded =
-            load_checkpoint_file(file.as_ref(), CHECKPOINT_WINDOW, &mut state).map_err(|e| Error::io(&path, e))?;
+        let loaded = load_checkpoint_file(file.as_ref(), READ_WINDOW, &mut state).map_err(|e| Error::io(&path, e))?;
         match loaded {
             Ok(summary) if summary.ts == ts => {
                 state.next_table_id = state.next_table_id.max(summary.next_table_id);
@@ -1033,7 +1004,7 @@ mod checkpoint_load_tests {
 
     /// Window sizes that cut a checkpoint every way: every block longer than the window (read
     /// alone), blocks straddling windows, several blocks a window, the whole file in one.
-    const WINDOWS: [usize; 4] = [64, 300_000, 1 << 20, CHECKPOINT_WINDOW];
+    const WINDOWS: [usize; 4] = [64, 300_000, 1 << 20, READ_WINDOW];
 
     /// [`load_checkpoint_file`] on `bytes` written to a file, in windows of `window` bytes.
     fn load_file(bytes: &[u8], window: usize, state: &mut StateBuilder) -> Checked<CheckpointSummary> {
@@ -1229,7 +1200,7 @@ mod checkpoint_load_tests {
         for offset in (0..bytes.len()).step_by(211) {
             let mut bad = bytes.clone();
             bad[offset] ^= 0x10;
-            for window in [64, CHECKPOINT_WINDOW] {
+            for window in [64, READ_WINDOW] {
                 let mut state = StateBuilder::default();
                 let got = load_file(&bad, window, &mut state).map(|_| ()).unwrap_err();
                 assert_eq!(got, plain_error(&bad), "flip at {offset}, window {window}");

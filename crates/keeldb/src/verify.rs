@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{parse_checkpoint_name, read_checkpoint, CheckpointSink};
+use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, CheckpointSink, READ_WINDOW};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
-use crate::fs::{read_all, FileSystem, OpenMode, StdFs};
+use crate::fs::{FileSystem, OpenMode, StdFs};
 use crate::recovery::{analyze, RecoveryReport, Scan};
 
 /// The outcome of [`verify`].
@@ -91,8 +91,9 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
     for name in &names {
         let Some(ts) = parse_checkpoint_name(name) else { continue };
         let p = dir.join(name);
-        let bytes = fs.open(&p, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(|e| Error::io(&p, e))?;
-        match read_checkpoint(&bytes, &mut Discard) {
+        let file = fs.open(&p, OpenMode::Read).map_err(|e| Error::io(&p, e))?;
+        let read = read_checkpoint_file(file.as_ref(), READ_WINDOW, &mut Discard).map_err(|e| Error::io(&p, e))?;
+        match read {
             Ok(s) if s.ts == ts => report.checkpoints_ok.push((p, ts, s.entries, s.digest)),
             Ok(_) => report.problems.push(format!("{}: timestamp differs from the file name", p.display())),
             Err((off, why)) => report.problems.push(format!("{} at offset {off}: {why}", p.display())),
