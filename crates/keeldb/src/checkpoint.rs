@@ -556,6 +556,7 @@ impl<'f> Windows<'f> {
         buf: &mut Vec<u8>,
     ) -> std::io::Result<Option<std::result::Result<Window, (u64, String)>>> {
         if let Some(e) = self.pending.take() {
+            self.pos = self.footer_at; // an error ends the blocks
             return Ok(Some(Err(e)));
         }
         if self.pos >= self.footer_at {
@@ -601,6 +602,7 @@ impl<'f> Windows<'f> {
         }
         if off == 0 {
             let e = self.pending.take().unwrap_or((self.pos, "unreadable block".to_owned()));
+            self.pos = self.footer_at;
             return Ok(Some(Err(e)));
         }
         let base = self.pos;

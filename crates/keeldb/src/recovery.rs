@@ -332,10 +332,10 @@ type Checked<T> = std::result::Result<T, (u64, String)>;
 /// table's slab from it (the ordered index comes free with the slab: see
 /// [`SortedLoad::finish`]), then the hash tables; the other verifies the same windows (every
 /// block's CRC, then the counts and the digest). What was built is kept only if verification
-/// passes, so the outcome is [`crate::checkpoint::read_checkpoint`]'s on the file's bytes: the same state, the
-/// same first error. At most [`WINDOWS_IN_FLIGHT`] windows are in memory at once: reading a
-/// 1.3 GB checkpoint whole faulted in and zeroed as much fresh memory before the state was
-/// built, and freed it after. Falls back to [`read_checkpoint_file`] alone when no verifier
+/// passes, so the outcome is [`crate::checkpoint::read_checkpoint`]'s on the file's bytes: the
+/// same state, the same first error. At most [`WINDOWS_IN_FLIGHT`] + 1 windows are in memory at
+/// once: reading a 1.3 GB checkpoint whole faulted in and zeroed as much fresh memory before
+/// the state was built, and freed it after. Falls back to [`read_checkpoint_file`] alone when no verifier
 /// thread runs to the end, or when the records are not in a checkpoint writer's order.
 fn load_checkpoint_file(
     file: &dyn crate::fs::FileHandle,
