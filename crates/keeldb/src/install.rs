@@ -14,7 +14,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::{checkpoint_name, parse_checkpoint_name, read_checkpoint, CheckpointSink, CheckpointWriter};
+use crate::checkpoint::{
+    checkpoint_name, parse_checkpoint_name, read_checkpoint_file, CheckpointWriter, Discard, READ_WINDOW,
+};
 use crate::checkpoint_stream::{for_each_entry, Received};
 use crate::codec::{le_u32, le_u64, PutBytes};
 use crate::commit::{Quiesced, ReplaceError, Replacement};
@@ -140,13 +142,10 @@ fn write_marker(fs: &dyn FileSystem, dir: &Path, marker: &Marker) -> std::result
 
 /// Checks that a checkpoint file is complete and is the one the marker names.
 fn verify_checkpoint(fs: &dyn FileSystem, path: &Path, marker: &Marker) -> Result<()> {
-    struct Discard;
-    impl CheckpointSink for Discard {
-        fn table(&mut self, _: u32, _: &str) {}
-        fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
-    }
-    let bytes = fs.open(path, OpenMode::Read).and_then(|f| read_all(f.as_ref())).map_err(io(path))?;
-    let summary = read_checkpoint(&bytes, &mut Discard).map_err(|(off, why)| Error::corruption(path, off, why))?;
+    let file = fs.open(path, OpenMode::Read).map_err(io(path))?;
+    let summary = read_checkpoint_file(file.as_ref(), READ_WINDOW, &mut Discard)
+        .map_err(io(path))?
+        .map_err(|(off, why)| Error::corruption(path, off, why))?;
     if summary.ts != marker.ckpt_ts || summary.digest != marker.digest {
         return Err(Error::corruption(path, 0, "installed checkpoint differs from the one the install marker names"));
     }

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, CheckpointSink, CheckpointSummary, READ_WINDOW};
+use crate::checkpoint::{
+    parse_checkpoint_name, read_checkpoint_file, CheckpointSink, CheckpointSummary, Discard, READ_WINDOW,
+};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{read_all, read_all_into, write_all_at, FileSystem, OpenMode};
@@ -429,13 +431,6 @@ fn load_checkpoint_file(
     }
     // Records not in a checkpoint writer's order: verified, so built the general way.
     read_checkpoint_file(file, window, state)
-}
-
-/// A sink that keeps nothing: for a pass that only verifies.
-struct Discard;
-impl CheckpointSink for Discard {
-    fn table(&mut self, _: u32, _: &str) {}
-    fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
 }
 
 /// The torn tail that [`recover`] cuts off.

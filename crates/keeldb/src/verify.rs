@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, CheckpointSink, READ_WINDOW};
+use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, Discard, READ_WINDOW};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, OpenMode, StdFs};
@@ -55,12 +55,6 @@ impl std::fmt::Display for VerifyReport {
         }
         write!(f, "{}", if self.is_intact() { "intact" } else { "corruption found" })
     }
-}
-
-struct Discard;
-impl CheckpointSink for Discard {
-    fn table(&mut self, _: u32, _: &str) {}
-    fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
 }
 
 /// Verifies the store at `path`. Returns `Err` only when the path cannot be checked at all
