@@ -390,6 +390,13 @@ impl TableData {
         self.hasher.hash_one(key)
     }
 
+    /// Reads the home hash group of `key` (a byte of it, for the caller to consume), so that
+    /// its cache miss is under way before the key is looked up: see
+    /// `StateBuilder::touch_writes`.
+    pub fn touch_key(&self, key: &[u8]) -> u8 {
+        self.index.touch(self.hash(key))
+    }
+
     fn find(&self, key: &[u8]) -> Option<&Version> {
         let slots = &self.slots;
         let slot = self

@@ -13,6 +13,7 @@
 
 use crate::codec::{le_u32, le_u64, DecodeError, PutBytes, Reader};
 use crate::error::Result;
+use crate::fs::FileHandle;
 use crate::options::{MAX_KEY_BYTES, MAX_TABLE_NAME_BYTES, MAX_VALUE_BYTES};
 use crate::types::LogPosition;
 
@@ -389,20 +390,38 @@ pub(crate) fn scan_segment(bytes: &[u8], start_lsn: u64) -> SegmentScan<'_> {
 /// decoded it from the start, from memory again: a cache miss per line of every payload.)
 /// [`FrameScanner::finish`] then gives what follows the prefix.
 pub(crate) struct FrameScanner<'a> {
+    /// The segment's bytes from file offset `base` to its end.
     bytes: &'a [u8],
+    base: u64,
     start_lsn: u64,
-    pos: usize,
+    /// File offset of the next frame (at or past `base`).
+    pos: u64,
     bad: Option<BadFrame>,
     ended: bool,
 }
 
 impl<'a> FrameScanner<'a> {
     pub fn new(bytes: &'a [u8], start_lsn: u64) -> FrameScanner<'a> {
-        FrameScanner { bytes, start_lsn, pos: SEGMENT_HEADER_BYTES as usize, bad: None, ended: false }
+        FrameScanner::resume(bytes, 0, start_lsn, SEGMENT_HEADER_BYTES)
     }
 
-    fn lsn_at(&self, pos: usize) -> u64 {
-        self.start_lsn + (pos - SEGMENT_HEADER_BYTES as usize) as u64
+    /// A scanner over the tail of a segment: `bytes` are the file's from offset `base` to its
+    /// end, and the next frame is at file offset `pos` (`pos >= base`).
+    fn resume(bytes: &'a [u8], base: u64, start_lsn: u64, pos: u64) -> FrameScanner<'a> {
+        FrameScanner { bytes, base, start_lsn, pos, bad: None, ended: false }
+    }
+
+    fn lsn_at(&self, pos: u64) -> u64 {
+        self.start_lsn + (pos - SEGMENT_HEADER_BYTES)
+    }
+
+    /// The file offset just past `bytes`.
+    fn end(&self) -> u64 {
+        self.base + self.bytes.len() as u64
+    }
+
+    fn rel(&self, pos: u64) -> usize {
+        usize::try_from(pos - self.base).unwrap_or(usize::MAX)
     }
 
     /// Everything about the segment but its frames (`frames` is empty): where the valid prefix
@@ -410,20 +429,20 @@ impl<'a> FrameScanner<'a> {
     /// are skipped over (checked, not returned).
     pub fn finish(mut self) -> SegmentScan<'a> {
         while self.next().is_some() {}
-        let (bytes, pos) = (self.bytes, self.pos);
+        let (bytes, pos, end) = (self.bytes, self.pos, self.end());
         // Preallocated space (zeros written ahead of the log) ends the log cleanly; see
         // "Preallocated segment space" in docs/design/recovery.md for why only all zeros may.
-        let zero_tail = if self.bad.is_none() { (bytes.len() as u64).saturating_sub(pos as u64) } else { 0 };
+        let zero_tail = if self.bad.is_none() { end.saturating_sub(pos) } else { 0 };
         let mut later_valid_frames = 0;
         let mut later_max_durable_lsn = 0;
         if let Some(b) = &self.bad {
-            let mut p = b.offset as usize + 8;
-            while p + FRAME_HEADER_BYTES <= bytes.len() {
-                match check_frame(bytes, p, self.lsn_at(p)) {
+            let mut p = b.offset + 8;
+            while p + FRAME_HEADER_BYTES as u64 <= end {
+                match check_frame(bytes, self.rel(p), self.lsn_at(p)) {
                     Ok((header, _)) => {
                         later_valid_frames += 1;
                         later_max_durable_lsn = later_max_durable_lsn.max(header.durable_lsn);
-                        p += frame_bytes(header.payload_len);
+                        p += frame_bytes(header.payload_len) as u64;
                     }
                     Err(_) => p += 8,
                 }
@@ -434,7 +453,7 @@ impl<'a> FrameScanner<'a> {
         // extends the file to it), so frame positions and LSNs stay aligned.
         SegmentScan {
             frames: Vec::new(),
-            valid_end: pos as u64,
+            valid_end: pos,
             bad: self.bad,
             later_valid_frames,
             later_max_durable_lsn,
@@ -447,24 +466,200 @@ impl<'a> Iterator for FrameScanner<'a> {
     type Item = ScannedFrame<'a>;
 
     fn next(&mut self) -> Option<ScannedFrame<'a>> {
-        if self.ended || self.pos >= self.bytes.len() {
+        if self.ended || self.pos >= self.end() {
             self.ended = true;
             return None;
         }
         let pos = self.pos;
-        match check_frame(self.bytes, pos, self.lsn_at(pos)) {
+        let rel = self.rel(pos);
+        match check_frame(self.bytes, rel, self.lsn_at(pos)) {
             Ok((header, payload)) => {
-                self.pos += frame_bytes(header.payload_len);
-                Some(ScannedFrame { header, offset: pos as u64, payload })
+                self.pos += frame_bytes(header.payload_len) as u64;
+                Some(ScannedFrame { header, offset: pos, payload })
             }
             Err(reason) => {
-                if !is_all_zero(self.bytes.get(pos..).unwrap_or_default()) {
-                    self.bad = Some(BadFrame { offset: pos as u64, lsn: self.lsn_at(pos), reason });
+                if !is_all_zero(self.bytes.get(rel..).unwrap_or_default()) {
+                    self.bad = Some(BadFrame { offset: pos, lsn: self.lsn_at(pos), reason });
                 }
                 self.ended = true;
                 None
             }
         }
+    }
+}
+
+/// How much of a segment [`SegmentFrames`] reads at a time: small enough that the bytes are
+/// still in the cache when their frames are checked and applied, and that an open touches
+/// little fresh memory (a 64 MiB buffer's first touch cost more than reading into it).
+pub(crate) const SEGMENT_WINDOW: usize = 1 << 20;
+
+/// A segment's frames read from its file a window at a time into a reused buffer, checked
+/// exactly as [`FrameScanner`] checks the whole file's bytes: a frame is checked only once
+/// the window holds all of it that the file holds, and where the valid prefix ends the
+/// window is extended to the end of the file before [`SegmentFrames::finish`] judges the
+/// rest (zeros, a bad frame, valid frames after it). So every result, frames and errors
+/// alike, is the one a scan of the whole file gives.
+pub(crate) struct SegmentFrames<'a> {
+    file: &'a dyn FileHandle,
+    /// The file's length when it was opened.
+    len: u64,
+    window: usize,
+    /// The file's bytes from offset `base`: the current window.
+    buf: &'a mut Vec<u8>,
+    base: u64,
+    start_lsn: u64,
+    /// File offset of the next frame.
+    pos: u64,
+    ended: bool,
+    /// [`SegmentFrames::next_batch`]'s list, kept for its capacity.
+    found: Vec<(FrameHeader, u64, usize)>,
+}
+
+impl<'a> SegmentFrames<'a> {
+    /// Reads the first window (at least a segment header's length: it holds the header when
+    /// the file does).
+    pub fn open(file: &'a dyn FileHandle, buf: &'a mut Vec<u8>, window: usize) -> std::io::Result<SegmentFrames<'a>> {
+        let len = file.len()?;
+        let mut frames = SegmentFrames {
+            file,
+            len,
+            window: window.max(SEGMENT_HEADER_BYTES as usize),
+            buf,
+            base: 0,
+            start_lsn: 0,
+            pos: SEGMENT_HEADER_BYTES,
+            ended: false,
+            found: Vec::new(),
+        };
+        frames.read_from(0, 0)?;
+        Ok(frames)
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The bytes of the current window (the first, until frames are read).
+    pub fn window(&self) -> &[u8] {
+        self.buf
+    }
+
+    /// The whole file's bytes (for the rare judgements that need all of them at once).
+    pub fn whole(&mut self) -> std::io::Result<&[u8]> {
+        if self.base != 0 || (self.buf.len() as u64) < self.len {
+            self.read_from(0, self.len)?;
+        }
+        Ok(self.buf)
+    }
+
+    /// Starts the frames after the segment header, whose start LSN is `start_lsn`.
+    pub fn start(&mut self, start_lsn: u64) {
+        self.start_lsn = start_lsn;
+    }
+
+    /// Reads at least `need` bytes (the window size, when more) from `offset`, or up to the
+    /// end of the file.
+    fn read_from(&mut self, offset: u64, need: u64) -> std::io::Result<()> {
+        let want = need.max(self.window as u64).min(self.len.saturating_sub(offset));
+        let want = usize::try_from(want).map_err(|_| std::io::Error::other("segment too large to read"))?;
+        // Only a longer window grows (and zeroes) the buffer; its bytes are read over anyway.
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        } else {
+            self.buf.truncate(want);
+        }
+        crate::fs::read_exact_at(self.file, self.buf, offset)?;
+        self.base = offset;
+        Ok(())
+    }
+
+    fn window_end(&self) -> u64 {
+        self.base + self.buf.len() as u64
+    }
+
+    /// The next frames of the valid prefix, at most `max` (at least one, unless the prefix
+    /// has ended): those the current window holds whole, so a caller can work on several
+    /// before any is applied. A new window is read only for the first.
+    pub fn next_batch(&mut self, max: usize) -> std::io::Result<Vec<ScannedFrame<'_>>> {
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        while found.len() < max {
+            match self.step(found.is_empty()) {
+                Ok(Some(frame)) => found.push(frame),
+                Ok(None) => break,
+                Err(e) => {
+                    self.found = found;
+                    return Err(e);
+                }
+            }
+        }
+        let buf: &[u8] = self.buf;
+        let frames = found
+            .iter()
+            .map(|&(header, offset, start)| ScannedFrame {
+                header,
+                offset,
+                payload: buf.get(start..start + header.payload_len).unwrap_or_default(),
+            })
+            .collect();
+        self.found = found;
+        Ok(frames)
+    }
+
+    /// Checks the frame at `pos`: its header, the offset of its payload in the window. `None`
+    /// where the prefix ends, or where the window would have to move and `may_read` is false.
+    fn step(&mut self, may_read: bool) -> std::io::Result<Option<(FrameHeader, u64, usize)>> {
+        if self.ended || self.pos >= self.len {
+            self.ended = true;
+            return Ok(None);
+        }
+        // Read on while the frame at `pos` runs past the window and the file holds more: first
+        // for its header, then for as long as the header says it is. (An unreadable header is
+        // judged by `finish`, over the rest of the file.)
+        while self.window_end() < self.len {
+            let rest = self.buf.get(self.rel()..).unwrap_or_default();
+            let need = match rest.len() >= FRAME_HEADER_BYTES {
+                true => decode_frame_header(rest).map_or(0, |h| (FRAME_HEADER_BYTES + h.payload_len) as u64),
+                false => FRAME_HEADER_BYTES as u64,
+            };
+            if need <= rest.len() as u64 {
+                break;
+            }
+            if !may_read {
+                return Ok(None);
+            }
+            self.read_from(self.pos, need)?;
+        }
+        let rel = self.rel();
+        match check_frame(self.buf, rel, self.start_lsn + (self.pos - SEGMENT_HEADER_BYTES)) {
+            Ok((header, _)) => {
+                let offset = self.pos;
+                self.pos += frame_bytes(header.payload_len) as u64;
+                Ok(Some((header, offset, rel + FRAME_HEADER_BYTES)))
+            }
+            Err(_) => {
+                // The end of the log or damage: `finish` judges it over the rest of the file.
+                self.ended = true;
+                Ok(None)
+            }
+        }
+    }
+
+    fn rel(&self) -> usize {
+        usize::try_from(self.pos - self.base).unwrap_or(usize::MAX)
+    }
+
+    /// What follows the valid prefix, as [`FrameScanner::finish`] gives it for the whole file.
+    pub fn finish(mut self) -> std::io::Result<SegmentScan<'a>> {
+        while !self.next_batch(usize::MAX)?.is_empty() {}
+        if self.pos < self.len && self.window_end() < self.len {
+            self.read_from(self.pos, self.len - self.pos)?;
+        }
+        // The prefix is known valid up to `pos`; the scanner resumes there.
+        let (base, start_lsn, pos) = (self.base, self.start_lsn, self.pos);
+        let bytes: &'a [u8] = self.buf;
+        Ok(FrameScanner::resume(bytes, base, start_lsn, pos).finish())
     }
 }
 
@@ -577,6 +772,105 @@ mod tests {
         let scan = scan_segment(&bytes, 4096);
         assert!(scan.frames.is_empty());
         assert!(scan.bad.is_some());
+    }
+
+    /// A segment file in memory.
+    #[derive(Debug)]
+    struct MemFile(Vec<u8>);
+
+    impl FileHandle for MemFile {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            let src = self.0.get(offset as usize..).unwrap_or_default();
+            let n = src.len().min(buf.len());
+            buf[..n].copy_from_slice(&src[..n]);
+            Ok(n)
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<usize> {
+            Err(std::io::Error::other("read only"))
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(self.0.len() as u64)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read only"))
+        }
+    }
+
+    type Summary = (Vec<(u64, u64, Vec<u8>)>, u64, Option<(u64, u64, &'static str)>, u64, u64, u64);
+
+    fn summary(frames: Vec<(u64, u64, Vec<u8>)>, scan: &SegmentScan<'_>) -> Summary {
+        let bad = scan.bad.as_ref().map(|b| (b.offset, b.lsn, b.reason));
+        (frames, scan.valid_end, bad, scan.later_valid_frames, scan.later_max_durable_lsn, scan.zero_tail)
+    }
+
+    fn windowed(bytes: &[u8], start_lsn: u64, window: usize, batch: usize, buf: &mut Vec<u8>) -> Summary {
+        let file = MemFile(bytes.to_vec());
+        let mut frames = SegmentFrames::open(&file, buf, window).expect("opens");
+        frames.start(start_lsn);
+        let mut found = Vec::new();
+        loop {
+            let got = frames.next_batch(batch).expect("reads");
+            if got.is_empty() {
+                break;
+            }
+            assert!(got.len() <= batch);
+            found.extend(got.iter().map(|f| (f.offset, f.header.ts, f.payload.to_vec())));
+        }
+        let scan = frames.finish().expect("finishes");
+        assert!(scan.frames.is_empty());
+        summary(found, &scan)
+    }
+
+    #[test]
+    fn a_segment_read_in_windows_scans_as_it_does_whole() {
+        let start_lsn = 4096;
+        // Payloads of many lengths, some longer than the smallest windows.
+        let frames: Vec<(u64, Vec<u8>)> = (1..=40u64)
+            .map(|ts| {
+                let mut p = PayloadBuilder::new(16);
+                p.put(1, &ts.to_le_bytes(), &vec![ts as u8; (ts as usize * 37) % 301]);
+                (ts, p.finish())
+            })
+            .collect();
+        let clean = segment_with(&frames, start_lsn);
+        let header = SEGMENT_HEADER_BYTES as usize;
+        let second = header + frame_bytes(frames[0].1.len());
+        let mut cases: Vec<(&str, Vec<u8>)> = vec![("clean", clean.clone())];
+        let mut zeros = clean.clone();
+        zeros.resize(clean.len() + 5000, 0);
+        cases.push(("zero tail", zeros.clone()));
+        let mut nonzero = zeros.clone();
+        nonzero[clean.len() + 4000] = 7;
+        cases.push(("a nonzero byte in the zeros", nonzero));
+        let mut flipped = clean.clone();
+        flipped[second + FRAME_HEADER_BYTES + 2] ^= 1;
+        cases.push(("a flipped payload bit, later frames kept", flipped));
+        let mut bad_header = clean.clone();
+        bad_header[second + 1] ^= 0x40;
+        cases.push(("a damaged frame header", bad_header));
+        cases.push(("a torn last payload", clean[..clean.len() - 30].to_vec()));
+        let last_len = frames.last().map_or(0, |(_, p)| p.len());
+        let unpadded = clean.len() - frame_bytes(last_len) + FRAME_HEADER_BYTES + last_len;
+        assert!(unpadded < clean.len(), "the last frame has padding to cut");
+        cases.push(("torn padding only", clean[..unpadded].to_vec()));
+        cases.push(("a torn frame header", clean[..clean.len() - frame_bytes(last_len) + 20].to_vec()));
+        cases.push(("no frames", clean[..header].to_vec()));
+        let mut buf = vec![0xAA; 3];
+        for (name, bytes) in &cases {
+            let whole = scan_segment(bytes, start_lsn);
+            let frames_whole = whole.frames.iter().map(|f| (f.offset, f.header.ts, f.payload.to_vec())).collect();
+            let expected = summary(frames_whole, &whole);
+            for window in [1, 40, 64, 100, 333, 1000, 4096, 1 << 20] {
+                for batch in [1, 3, 16] {
+                    // The buffer is reused across all cases: stale bytes must never be read.
+                    let got = windowed(bytes, start_lsn, window, batch, &mut buf);
+                    assert_eq!(got, expected, "{name}, window {window}, batch {batch}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -249,6 +249,51 @@ fn flipped_byte_mid_log_is_corruption_naming_file_and_offset() {
     assert!(report.to_string().contains(&victim.to_string()), "{report}");
 }
 
+/// Recovery reads a segment 1 MiB at a time (`wal::SEGMENT_WINDOW`); frames that straddle a
+/// window's end are replayed whole, and damage to one is found at its offset.
+#[test]
+fn a_log_longer_than_a_read_window_replays_whole_and_damage_across_a_window_end_is_found() {
+    const WINDOW: usize = 1 << 20;
+    let value = |i: u32| vec![(i % 251) as u8; 9_000 + (i as usize * 13) % 2_000];
+    let t = TestDir::new();
+    {
+        let db = open(&t.path());
+        for i in 0..400u32 {
+            put(&db, "t", format!("k{i:04}").as_bytes(), &value(i));
+        }
+        db.close().unwrap();
+        std::fs::remove_file(t.path().join("CLOSED")).unwrap();
+    }
+    let seg = newest_segment(&t.path());
+    let clean = std::fs::read(&seg).unwrap();
+    assert!(clean.len() > 3 * WINDOW, "the log spans several windows");
+    {
+        let db = Database::open(t.path(), opts(Durability::Sync)).unwrap();
+        for i in 0..400u32 {
+            assert_eq!(get(&db, "t", format!("k{i:04}").as_bytes()), Some(value(i)), "k{i:04}");
+        }
+        db.close().unwrap();
+        std::fs::remove_file(t.path().join("CLOSED")).unwrap();
+        remove_empty_segments_after(&t.path(), &seg);
+    }
+    let frames = frame_offsets(&clean);
+    for boundary in [WINDOW, 2 * WINDOW] {
+        // The frame that straddles the boundary, damaged on either side of it.
+        let victim = *frames.iter().rev().find(|&&f| f < boundary).unwrap();
+        for at in [boundary - 1, boundary + 1] {
+            let mut bytes = clean.clone();
+            bytes[at] ^= 0x01;
+            std::fs::write(&seg, &bytes).unwrap();
+            match Database::open(t.path(), opts(Durability::Sync)) {
+                Err(Error::Corruption { location, .. }) => {
+                    assert_eq!((location.path.as_path(), location.offset), (seg.as_path(), victim as u64), "byte {at}")
+                }
+                other => panic!("byte {at}: expected corruption, got {:?}", other.map(|_| ())),
+            }
+        }
+    }
+}
+
 #[test]
 fn zeroed_middle_of_the_log_is_corruption() {
     let t = TestDir::new();
