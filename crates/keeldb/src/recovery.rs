@@ -637,6 +637,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
     let mut zero_tail = 0;
     let count = segment_names.len();
     let mut segment_buf = Vec::new();
+    let mut windows = wal::WindowPool::new();
 
     for (i, (seq, name)) in segment_names.iter().enumerate() {
         let seq = *seq;
@@ -661,7 +662,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
             }
         }
         let file = fs.open(&path, OpenMode::Read).map_err(|e| Error::io(&path, e))?;
-        let mut frames = wal::SegmentFrames::open(file.as_ref(), &mut segment_buf, wal::SEGMENT_WINDOW)
+        let mut frames = wal::SegmentFrames::open(file, &mut segment_buf, &mut windows, wal::SEGMENT_WINDOW)
             .map_err(|e| Error::io(&path, e))?;
         report.segments_scanned += 1;
         let header = match decode_segment_header(frames.window()) {

@@ -489,50 +489,175 @@ impl<'a> Iterator for FrameScanner<'a> {
 }
 
 /// How much of a segment [`SegmentFrames`] reads at a time: small enough that the bytes are
-/// still in the cache when their frames are checked and applied, and that an open touches
-/// little fresh memory (a 64 MiB buffer's first touch cost more than reading into it).
+/// still in the cache when their frames are applied, and that an open touches little fresh
+/// memory (a 64 MiB buffer's first touch cost more than reading into it).
 pub(crate) const SEGMENT_WINDOW: usize = 1 << 20;
 
-/// A segment's frames read from its file a window at a time into a reused buffer, checked
-/// exactly as [`FrameScanner`] checks the whole file's bytes: a frame is checked only once
-/// the window holds all of it that the file holds, and where the valid prefix ends the
-/// window is extended to the end of the file before [`SegmentFrames::finish`] judges the
-/// rest (zeros, a bad frame, valid frames after it). So every result, frames and errors
-/// alike, is the one a scan of the whole file gives.
+/// Windows a segment's reader thread may fill ahead of the replay, besides the one the replay
+/// is applying.
+const WINDOWS_AHEAD: usize = 2;
+
+/// A frame checked in a window: its header, its file offset, where its payload starts in the
+/// window.
+type Found = (FrameHeader, u64, usize);
+
+/// Bytes of a segment from some offset on, and the whole frames among them, checked.
+#[derive(Default)]
+pub(crate) struct Window {
+    bytes: Vec<u8>,
+    frames: Vec<Found>,
+}
+
+/// Windows kept for their memory from one segment to the next.
+pub(crate) type WindowPool = Vec<Window>;
+
+/// What a [`WindowReader`] reads next.
+enum Read {
+    Window(Window),
+    /// The valid prefix ended: the judgement of the rest, and the windows left over.
+    End(SegmentScan<'static>, Vec<Window>),
+}
+
+/// Reads `len` bytes from `offset` into `buf` (fewer at the end of the file), at least the
+/// window size when the file has them. Only a longer read grows (and zeroes) the buffer.
+fn read_window(
+    file: &dyn FileHandle,
+    buf: &mut Vec<u8>,
+    offset: u64,
+    need: u64,
+    window: usize,
+    len: u64,
+) -> std::io::Result<()> {
+    let want = need.max(window as u64).min(len.saturating_sub(offset));
+    let want = usize::try_from(want).map_err(|_| std::io::Error::other("segment too large to read"))?;
+    if buf.len() < want {
+        buf.resize(want, 0);
+    } else {
+        buf.truncate(want);
+    }
+    crate::fs::read_exact_at(file, buf, offset)
+}
+
+/// Reads a segment's frames from `pos` on, one window at a time, checking each as
+/// [`FrameScanner`] does over the whole file: a frame is checked only once the window holds
+/// all of it that the file holds, and where the valid prefix ends the window is extended to
+/// the end of the file before the rest is judged (zeros, a bad frame, valid frames after it).
+/// So every result, frames and errors alike, is the one a scan of the whole file gives.
+struct WindowReader {
+    file: std::sync::Arc<dyn FileHandle>,
+    len: u64,
+    window: usize,
+    start_lsn: u64,
+    pos: u64,
+}
+
+impl WindowReader {
+    /// Fills `w` from `pos` with the frames it holds whole (at least one, reading a longer
+    /// window for a frame longer than the window), or judges the rest where the prefix ends.
+    fn next(&mut self, mut w: Window) -> std::io::Result<Read> {
+        w.frames.clear();
+        let (file, len, window) = (self.file.as_ref(), self.len, self.window);
+        let mut base = self.pos;
+        read_window(file, &mut w.bytes, base, 0, window, len)?;
+        'frames: while self.pos < len {
+            // Read on while the frame at `pos` runs past the window and the file holds more:
+            // first for its header, then for as long as the header says (an unreadable header
+            // ends the prefix and is judged below). Only the window's first frame reads: the
+            // others wait for the next window.
+            while base + (w.bytes.len() as u64) < len {
+                let rest = w.bytes.get(usize::try_from(self.pos - base).unwrap_or(usize::MAX)..).unwrap_or_default();
+                let need = match rest.len() >= FRAME_HEADER_BYTES {
+                    true => decode_frame_header(rest).map_or(0, |h| (FRAME_HEADER_BYTES + h.payload_len) as u64),
+                    false => FRAME_HEADER_BYTES as u64,
+                };
+                if need <= rest.len() as u64 {
+                    break;
+                }
+                if !w.frames.is_empty() {
+                    break 'frames;
+                }
+                base = self.pos;
+                read_window(file, &mut w.bytes, base, need, window, len)?;
+            }
+            let rel = usize::try_from(self.pos - base).unwrap_or(usize::MAX);
+            match check_frame(&w.bytes, rel, self.start_lsn + (self.pos - SEGMENT_HEADER_BYTES)) {
+                Ok((header, _)) => {
+                    w.frames.push((header, self.pos, rel + FRAME_HEADER_BYTES));
+                    self.pos += frame_bytes(header.payload_len) as u64;
+                }
+                Err(_) => break,
+            }
+        }
+        if !w.frames.is_empty() {
+            return Ok(Read::Window(w));
+        }
+        // The prefix ends at `pos`: the rest is judged over all of it, up to the end of the file.
+        if self.pos < len && base + (w.bytes.len() as u64) < len {
+            base = self.pos;
+            read_window(file, &mut w.bytes, base, len - base, window, len)?;
+        }
+        let scan = FrameScanner::resume(&w.bytes, base, self.start_lsn, self.pos).finish().into_owned();
+        Ok(Read::End(scan, vec![w]))
+    }
+}
+
+impl SegmentScan<'_> {
+    /// The scan without its frames, which borrow the segment's bytes.
+    fn into_owned(self) -> SegmentScan<'static> {
+        SegmentScan {
+            frames: Vec::new(),
+            valid_end: self.valid_end,
+            bad: self.bad,
+            later_valid_frames: self.later_valid_frames,
+            later_max_durable_lsn: self.later_max_durable_lsn,
+            zero_tail: self.zero_tail,
+        }
+    }
+}
+
+/// Where a [`SegmentFrames`] gets its windows.
+enum Source {
+    /// Read on the replay's thread (a segment of one window, or no thread to be had).
+    Inline(WindowReader),
+    /// Read ahead by a thread of their own; windows go back to it once applied.
+    Thread {
+        next: Option<std::sync::mpsc::Receiver<std::io::Result<Read>>>,
+        back: Option<std::sync::mpsc::SyncSender<Window>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+}
+
+/// A segment's frames, read a window at a time (see [`WindowReader`]) and handed out in
+/// batches. A segment longer than one window is read ahead by a thread of its own, which also
+/// checks the frames' checksums, while the caller applies the frames before them.
 pub(crate) struct SegmentFrames<'a> {
-    file: &'a dyn FileHandle,
+    file: std::sync::Arc<dyn FileHandle>,
     /// The file's length when it was opened.
     len: u64,
     window: usize,
-    /// The file's bytes from offset `base`: the current window.
-    buf: &'a mut Vec<u8>,
-    base: u64,
-    start_lsn: u64,
-    /// File offset of the next frame.
-    pos: u64,
-    ended: bool,
-    /// [`SegmentFrames::next_batch`]'s list, kept for its capacity.
-    found: Vec<(FrameHeader, u64, usize)>,
+    /// The first window (for the header), or the whole file (see [`SegmentFrames::whole`]).
+    head: &'a mut Vec<u8>,
+    pool: &'a mut WindowPool,
+    source: Option<Source>,
+    /// The window being handed out, and how many of its frames have been.
+    current: Option<Window>,
+    handed: usize,
+    end: Option<SegmentScan<'static>>,
 }
 
 impl<'a> SegmentFrames<'a> {
     /// Reads the first window (at least a segment header's length: it holds the header when
-    /// the file does).
-    pub fn open(file: &'a dyn FileHandle, buf: &'a mut Vec<u8>, window: usize) -> std::io::Result<SegmentFrames<'a>> {
+    /// the file does) into `head`. Windows for the frames come from `pool` and go back to it.
+    pub fn open(
+        file: std::sync::Arc<dyn FileHandle>,
+        head: &'a mut Vec<u8>,
+        pool: &'a mut WindowPool,
+        window: usize,
+    ) -> std::io::Result<SegmentFrames<'a>> {
         let len = file.len()?;
-        let mut frames = SegmentFrames {
-            file,
-            len,
-            window: window.max(SEGMENT_HEADER_BYTES as usize),
-            buf,
-            base: 0,
-            start_lsn: 0,
-            pos: SEGMENT_HEADER_BYTES,
-            ended: false,
-            found: Vec::new(),
-        };
-        frames.read_from(0, 0)?;
-        Ok(frames)
+        let window = window.max(SEGMENT_HEADER_BYTES as usize);
+        read_window(file.as_ref(), head, 0, 0, window, len)?;
+        Ok(SegmentFrames { file, len, window, head, pool, source: None, current: None, handed: 0, end: None })
     }
 
     /// The file's length.
@@ -540,126 +665,151 @@ impl<'a> SegmentFrames<'a> {
         self.len
     }
 
-    /// The bytes of the current window (the first, until frames are read).
+    /// The bytes of the first window.
     pub fn window(&self) -> &[u8] {
-        self.buf
+        self.head
     }
 
     /// The whole file's bytes (for the rare judgements that need all of them at once).
     pub fn whole(&mut self) -> std::io::Result<&[u8]> {
-        if self.base != 0 || (self.buf.len() as u64) < self.len {
-            self.read_from(0, self.len)?;
+        if (self.head.len() as u64) < self.len {
+            read_window(self.file.as_ref(), self.head, 0, self.len, self.window, self.len)?;
         }
-        Ok(self.buf)
+        Ok(self.head)
     }
 
-    /// Starts the frames after the segment header, whose start LSN is `start_lsn`.
+    /// Starts reading the frames after the segment header, whose start LSN is `start_lsn`.
     pub fn start(&mut self, start_lsn: u64) {
-        self.start_lsn = start_lsn;
-    }
-
-    /// Reads at least `need` bytes (the window size, when more) from `offset`, or up to the
-    /// end of the file.
-    fn read_from(&mut self, offset: u64, need: u64) -> std::io::Result<()> {
-        let want = need.max(self.window as u64).min(self.len.saturating_sub(offset));
-        let want = usize::try_from(want).map_err(|_| std::io::Error::other("segment too large to read"))?;
-        // Only a longer window grows (and zeroes) the buffer; its bytes are read over anyway.
-        if self.buf.len() < want {
-            self.buf.resize(want, 0);
-        } else {
-            self.buf.truncate(want);
+        let mut reader = WindowReader {
+            file: std::sync::Arc::clone(&self.file),
+            len: self.len,
+            window: self.window,
+            start_lsn,
+            pos: SEGMENT_HEADER_BYTES,
+        };
+        if self.len.saturating_sub(SEGMENT_HEADER_BYTES) <= self.window as u64 {
+            self.source = Some(Source::Inline(reader));
+            return;
         }
-        crate::fs::read_exact_at(self.file, self.buf, offset)?;
-        self.base = offset;
-        Ok(())
+        let (to_replay, next) = std::sync::mpsc::sync_channel::<std::io::Result<Read>>(WINDOWS_AHEAD);
+        let (back, free) = std::sync::mpsc::sync_channel::<Window>(WINDOWS_AHEAD + 1);
+        for _ in 0..=WINDOWS_AHEAD {
+            let _ = back.try_send(self.pool.pop().unwrap_or_default());
+        }
+        let spawned = std::thread::Builder::new().name("keeldb-wal-read".into()).spawn(move || {
+            while let Ok(w) = free.recv() {
+                let read = reader.next(w);
+                let last = !matches!(read, Ok(Read::Window(_)));
+                let read = match read {
+                    Ok(Read::End(scan, mut left)) => {
+                        left.extend(free.try_iter());
+                        Ok(Read::End(scan, left))
+                    }
+                    other => other,
+                };
+                if to_replay.send(read).is_err() || last {
+                    return;
+                }
+            }
+        });
+        self.source = Some(match spawned {
+            Ok(thread) => Source::Thread { next: Some(next), back: Some(back), thread: Some(thread) },
+            Err(_) => {
+                // No thread: read on this one (the windows given to the thread come back).
+                drop(back);
+                Source::Inline(WindowReader {
+                    file: std::sync::Arc::clone(&self.file),
+                    len: self.len,
+                    window: self.window,
+                    start_lsn,
+                    pos: SEGMENT_HEADER_BYTES,
+                })
+            }
+        });
     }
 
-    fn window_end(&self) -> u64 {
-        self.base + self.buf.len() as u64
+    /// The next window, or the end, from the source.
+    fn fetch(&mut self) -> std::io::Result<Read> {
+        match &mut self.source {
+            Some(Source::Inline(reader)) => reader.next(self.pool.pop().unwrap_or_default()),
+            Some(Source::Thread { next: Some(next), .. }) => {
+                next.recv().unwrap_or_else(|_| Err(std::io::Error::other("the WAL reader thread stopped")))
+            }
+            _ => Err(std::io::Error::other("segment frames read before `start`")),
+        }
     }
 
-    /// The next frames of the valid prefix, at most `max` (at least one, unless the prefix
-    /// has ended): those the current window holds whole, so a caller can work on several
-    /// before any is applied. A new window is read only for the first.
+    /// A window whose frames were all handed out goes back to be filled again.
+    fn give_back(&mut self, w: Window) {
+        match &self.source {
+            Some(Source::Thread { back: Some(back), .. }) => {
+                if let Err(std::sync::mpsc::TrySendError::Full(w) | std::sync::mpsc::TrySendError::Disconnected(w)) =
+                    back.try_send(w)
+                {
+                    self.pool.push(w);
+                }
+            }
+            _ => self.pool.push(w),
+        }
+    }
+
+    /// The next frames of the valid prefix, at most `max`: none once the prefix has ended.
     pub fn next_batch(&mut self, max: usize) -> std::io::Result<Vec<ScannedFrame<'_>>> {
-        let mut found = std::mem::take(&mut self.found);
-        found.clear();
-        while found.len() < max {
-            match self.step(found.is_empty()) {
-                Ok(Some(frame)) => found.push(frame),
-                Ok(None) => break,
-                Err(e) => {
-                    self.found = found;
-                    return Err(e);
+        loop {
+            let pending = self.current.as_ref().is_some_and(|w| self.handed < w.frames.len());
+            if pending || self.end.is_some() {
+                break;
+            }
+            if let Some(w) = self.current.take() {
+                self.give_back(w);
+            }
+            match self.fetch()? {
+                Read::Window(w) => {
+                    self.current = Some(w);
+                    self.handed = 0;
+                }
+                Read::End(scan, left) => {
+                    self.end = Some(scan);
+                    self.pool.extend(left);
                 }
             }
         }
-        let buf: &[u8] = self.buf;
-        let frames = found
+        let Some(w) = &self.current else { return Ok(Vec::new()) };
+        let from = self.handed.min(w.frames.len());
+        let to = from.saturating_add(max).min(w.frames.len());
+        self.handed = to;
+        let frames = w.frames.get(from..to).unwrap_or_default();
+        Ok(frames
             .iter()
             .map(|&(header, offset, start)| ScannedFrame {
                 header,
                 offset,
-                payload: buf.get(start..start + header.payload_len).unwrap_or_default(),
+                payload: w.bytes.get(start..start + header.payload_len).unwrap_or_default(),
             })
-            .collect();
-        self.found = found;
-        Ok(frames)
+            .collect())
     }
 
-    /// Checks the frame at `pos`: its header, the offset of its payload in the window. `None`
-    /// where the prefix ends, or where the window would have to move and `may_read` is false.
-    fn step(&mut self, may_read: bool) -> std::io::Result<Option<(FrameHeader, u64, usize)>> {
-        if self.ended || self.pos >= self.len {
-            self.ended = true;
-            return Ok(None);
-        }
-        // Read on while the frame at `pos` runs past the window and the file holds more: first
-        // for its header, then for as long as the header says it is. (An unreadable header is
-        // judged by `finish`, over the rest of the file.)
-        while self.window_end() < self.len {
-            let rest = self.buf.get(self.rel()..).unwrap_or_default();
-            let need = match rest.len() >= FRAME_HEADER_BYTES {
-                true => decode_frame_header(rest).map_or(0, |h| (FRAME_HEADER_BYTES + h.payload_len) as u64),
-                false => FRAME_HEADER_BYTES as u64,
-            };
-            if need <= rest.len() as u64 {
-                break;
-            }
-            if !may_read {
-                return Ok(None);
-            }
-            self.read_from(self.pos, need)?;
-        }
-        let rel = self.rel();
-        match check_frame(self.buf, rel, self.start_lsn + (self.pos - SEGMENT_HEADER_BYTES)) {
-            Ok((header, _)) => {
-                let offset = self.pos;
-                self.pos += frame_bytes(header.payload_len) as u64;
-                Ok(Some((header, offset, rel + FRAME_HEADER_BYTES)))
-            }
-            Err(_) => {
-                // The end of the log or damage: `finish` judges it over the rest of the file.
-                self.ended = true;
-                Ok(None)
-            }
-        }
-    }
-
-    fn rel(&self) -> usize {
-        usize::try_from(self.pos - self.base).unwrap_or(usize::MAX)
-    }
-
-    /// What follows the valid prefix, as [`FrameScanner::finish`] gives it for the whole file.
-    pub fn finish(mut self) -> std::io::Result<SegmentScan<'a>> {
+    /// What follows the valid prefix, as [`FrameScanner::finish`] gives it for the whole
+    /// file. Frames not yet handed out are skipped over (checked, not returned).
+    pub fn finish(mut self) -> std::io::Result<SegmentScan<'static>> {
         while !self.next_batch(usize::MAX)?.is_empty() {}
-        if self.pos < self.len && self.window_end() < self.len {
-            self.read_from(self.pos, self.len - self.pos)?;
+        if let Some(w) = self.current.take() {
+            self.pool.push(w);
         }
-        // The prefix is known valid up to `pos`; the scanner resumes there.
-        let (base, start_lsn, pos) = (self.base, self.start_lsn, self.pos);
-        let bytes: &'a [u8] = self.buf;
-        Ok(FrameScanner::resume(bytes, base, start_lsn, pos).finish())
+        self.end.take().ok_or_else(|| std::io::Error::other("segment frames finished before `start`"))
+    }
+}
+
+impl Drop for SegmentFrames<'_> {
+    /// Stops a reader thread (its channels close) and waits for it: it never outlives the replay.
+    fn drop(&mut self) {
+        if let Some(Source::Thread { next, back, thread }) = &mut self.source {
+            drop(next.take());
+            drop(back.take());
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
     }
 }
 
@@ -806,9 +956,16 @@ mod tests {
         (frames, scan.valid_end, bad, scan.later_valid_frames, scan.later_max_durable_lsn, scan.zero_tail)
     }
 
-    fn windowed(bytes: &[u8], start_lsn: u64, window: usize, batch: usize, buf: &mut Vec<u8>) -> Summary {
-        let file = MemFile(bytes.to_vec());
-        let mut frames = SegmentFrames::open(&file, buf, window).expect("opens");
+    fn windowed(
+        bytes: &[u8],
+        start_lsn: u64,
+        window: usize,
+        batch: usize,
+        buf: &mut Vec<u8>,
+        pool: &mut WindowPool,
+    ) -> Summary {
+        let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.to_vec()));
+        let mut frames = SegmentFrames::open(file, buf, pool, window).expect("opens");
         frames.start(start_lsn);
         let mut found = Vec::new();
         loop {
@@ -859,6 +1016,7 @@ mod tests {
         cases.push(("a torn frame header", clean[..clean.len() - frame_bytes(last_len) + 20].to_vec()));
         cases.push(("no frames", clean[..header].to_vec()));
         let mut buf = vec![0xAA; 3];
+        let mut pool = WindowPool::new();
         for (name, bytes) in &cases {
             let whole = scan_segment(bytes, start_lsn);
             let frames_whole = whole.frames.iter().map(|f| (f.offset, f.header.ts, f.payload.to_vec())).collect();
@@ -866,10 +1024,27 @@ mod tests {
             for window in [1, 40, 64, 100, 333, 1000, 4096, 1 << 20] {
                 for batch in [1, 3, 16] {
                     // The buffer is reused across all cases: stale bytes must never be read.
-                    let got = windowed(bytes, start_lsn, window, batch, &mut buf);
+                    let got = windowed(bytes, start_lsn, window, batch, &mut buf, &mut pool);
                     assert_eq!(got, expected, "{name}, window {window}, batch {batch}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_replay_that_stops_early_stops_its_reader_thread() {
+        let frames: Vec<(u64, Vec<u8>)> = (1..=200u64).map(|ts| (ts, payload(ts as u8))).collect();
+        let bytes = segment_with(&frames, 0);
+        let (mut buf, mut pool) = (Vec::new(), WindowPool::new());
+        for taken in [0, 1, 5] {
+            let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.clone()));
+            let mut frames = SegmentFrames::open(file, &mut buf, &mut pool, 256).expect("opens");
+            frames.start(0);
+            for _ in 0..taken {
+                assert_eq!(frames.next_batch(1).expect("reads").len(), 1);
+            }
+            // Dropped with windows still in flight: the drop joins the thread, or this hangs.
+            drop(frames);
         }
     }
 
