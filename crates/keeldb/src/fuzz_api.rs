@@ -13,7 +13,8 @@ use crate::fs::{DirLock, FileHandle, FileSystem, OpenMode};
 
 /// Decodes a WAL frame payload (commit or mark record). Returns the number of operations.
 pub fn wal_payload(bytes: &[u8]) -> Result<usize, String> {
-    crate::wal::decode_payload(bytes).map(|r| r.ops.len()).map_err(|e| e.to_string())
+    let mut ops = Vec::new();
+    crate::wal::decode_payload_into(bytes, &mut ops).map(|r| r.ops.len()).map_err(|e| e.to_string())
 }
 
 /// Decodes a WAL frame header.
@@ -29,8 +30,9 @@ pub fn wal_segment_header(bytes: &[u8]) -> Result<u64, String> {
 /// Scans a whole segment file's bytes; returns (valid frames, frames found after a bad one).
 pub fn wal_segment(bytes: &[u8]) -> (usize, u64) {
     let scan = crate::wal::scan_segment(bytes, 0);
+    let mut ops = Vec::new();
     for f in &scan.frames {
-        let _ = crate::wal::decode_payload(f.payload);
+        let _ = crate::wal::decode_payload_into(f.payload, &mut ops);
     }
     (scan.frames.len(), scan.later_valid_frames)
 }

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
 use crate::index::{Catalog, SortedLoad, Table};
 use crate::wal::{
-    self, decode_payload, decode_segment_header, parse_segment_name, scan_segment, Op, Record, SegmentInfo, WalWriter,
+    self, decode_payload_into, decode_segment_header, parse_segment_name, scan_segment, Op, SegmentInfo, WalWriter,
 };
 
 // The poison marker: when present at open, recovery rewrites the WAL tail past both its LSN
@@ -224,12 +224,12 @@ impl StateBuilder {
 }
 
 impl StateBuilder {
-    /// Reads the home hash group of every key `records` write, changing nothing: a replay
+    /// Reads the home hash group of every key `ops` write, changing nothing: a replay
     /// calls it for a batch of frames before applying them, so that the cache misses of the
     /// batch's new keys overlap. A table's read lock is taken once per run of writes to it.
-    pub fn touch_writes<'r, 'a: 'r>(&self, records: impl Iterator<Item = &'r Record<'a>>) {
-        let mut writes = records
-            .flat_map(|r| r.ops.iter())
+    pub fn touch_writes(&self, ops: &[Op<'_>]) {
+        let mut writes = ops
+            .iter()
             .filter_map(|op| match *op {
                 Op::Put { table, key, .. } | Op::Delete { table, key } => Some((table, key)),
                 _ => None,
@@ -736,15 +736,18 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
             if batch.is_empty() {
                 break;
             }
-            let records: Vec<_> = batch.iter().map(|frame| decode_payload(frame.payload)).collect();
+            // The batch's operations in one list (a frame that does not decode adds none).
+            let mut ops = Vec::with_capacity(batch.len());
+            let heads: Vec<_> = batch.iter().map(|frame| decode_payload_into(frame.payload, &mut ops)).collect();
             // The batch's keys' hash groups are read first, so that their cache misses overlap
             // (one per new key, most of a replay's time) instead of each apply waiting on its own.
-            state.touch_writes(records.iter().map_while(|r| r.as_ref().ok()));
-            for (frame, rec) in batch.iter().zip(records) {
+            state.touch_writes(&ops);
+            for (frame, head) in batch.iter().zip(heads) {
                 max_claim = max_claim.max(frame.header.durable_lsn);
-                let rec = rec.map_err(|e| {
+                let rec = head.map_err(|e| {
                     Error::corruption(&path, frame.offset, format!("checksummed frame does not decode: {e}"))
                 })?;
+                let rec_ops = ops.get(rec.ops.clone()).unwrap_or_default();
                 let ts = frame.header.ts;
                 let next = expected_ts.unwrap_or(1);
                 if rec.kind == wal::KIND_MARK {
@@ -767,7 +770,7 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
                 seg_last_ts = ts;
                 mark_digest = None;
                 if ts > ckpt_ts {
-                    state.apply_all(&rec.ops, ts).map_err(|why| Error::corruption(&path, frame.offset, why))?;
+                    state.apply_all(rec_ops, ts).map_err(|why| Error::corruption(&path, frame.offset, why))?;
                     if rec.position.is_some() {
                         state.applied = rec.position;
                     }

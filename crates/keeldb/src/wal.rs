@@ -142,7 +142,8 @@ pub(crate) fn mark_payload(digest: u128) -> Vec<u8> {
     p
 }
 
-/// A decoded WAL record.
+/// A decoded WAL record (tests; recovery decodes into a batch's list: [`decode_payload_into`]).
+#[cfg(test)]
 #[derive(Debug)]
 pub(crate) struct Record<'a> {
     pub kind: u8,
@@ -153,8 +154,38 @@ pub(crate) struct Record<'a> {
     pub position: Option<LogPosition>,
 }
 
-/// Decodes a payload. Never panics; lengths are bounded by the limits and by the payload.
+/// A decoded record but its operations, which [`decode_payload_into`] appends to a list of
+/// the caller's (`ops` is where they are in it).
+#[derive(Debug)]
+pub(crate) struct RecordHead {
+    pub kind: u8,
+    pub ops: std::ops::Range<usize>,
+    pub digest: Option<u128>,
+    pub position: Option<LogPosition>,
+}
+
+/// Decodes a payload (tests; see [`decode_payload_into`]).
+#[cfg(test)]
 pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> {
+    let mut ops = Vec::new();
+    let head = decode_payload_into(payload, &mut ops)?;
+    Ok(Record { kind: head.kind, ops, digest: head.digest, position: head.position })
+}
+
+/// Decodes a payload, appending its operations to `ops` (a replay decodes a batch of frames
+/// into one list instead of allocating one per frame). Never panics; lengths are bounded by
+/// the limits and by the payload. On an error `ops` is left as it was.
+pub(crate) fn decode_payload_into<'a>(payload: &'a [u8], ops: &mut Vec<Op<'a>>) -> Result<RecordHead, DecodeError> {
+    let start = ops.len();
+    let head = decode_ops(payload, ops);
+    if head.is_err() {
+        ops.truncate(start);
+    }
+    head
+}
+
+fn decode_ops<'a>(payload: &'a [u8], ops: &mut Vec<Op<'a>>) -> Result<RecordHead, DecodeError> {
+    let start = ops.len();
     let mut r = Reader::new(payload);
     let kind = r.u8("record kind")?;
     if kind != KIND_COMMIT && kind != KIND_MARK {
@@ -168,13 +199,13 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> 
         if count != 0 || !r.is_empty() {
             return Err(DecodeError { offset: 1, what: "malformed mark record" });
         }
-        return Ok(Record { kind, ops: Vec::new(), digest: Some(u128::from_le_bytes(d)), position: None });
+        return Ok(RecordHead { kind, ops: start..start, digest: Some(u128::from_le_bytes(d)), position: None });
     }
     // Each op takes at least 5 bytes, which bounds the allocation by the payload size.
     if count > r.remaining() / 5 {
         return Err(DecodeError { offset: 1, what: "operation count exceeds payload" });
     }
-    let mut ops = Vec::with_capacity(count);
+    ops.reserve(count);
     for _ in 0..count {
         let tag = r.u8("operation tag")?;
         let table = r.u32("table id")?;
@@ -206,7 +237,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, DecodeError> 
             _ => return Err(DecodeError { offset, what: "unknown payload field" }),
         }
     }
-    Ok(Record { kind, ops, digest: None, position })
+    Ok(RecordHead { kind, ops: start..ops.len(), digest: None, position })
 }
 
 pub(crate) fn padded(len: usize) -> usize {
