@@ -959,6 +959,32 @@ mod tests {
     #[derive(Debug)]
     struct MemFile(Vec<u8>);
 
+    /// A segment file in memory whose reads, but the first window's (at offset 0), fail from
+    /// byte `.1` on.
+    #[derive(Debug)]
+    struct FailingFile(Vec<u8>, u64);
+
+    impl FileHandle for FailingFile {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            if offset > 0 && offset + buf.len() as u64 > self.1 {
+                return Err(std::io::Error::other("injected read error"));
+            }
+            MemFile::read_at(&MemFile(self.0.clone()), buf, offset)
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<usize> {
+            Err(std::io::Error::other("read only"))
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(self.0.len() as u64)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read only"))
+        }
+    }
+
     impl FileHandle for MemFile {
         fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
             let src = self.0.get(offset as usize..).unwrap_or_default();
@@ -1060,6 +1086,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_read_error_anywhere_in_a_segment_is_returned_not_skipped() {
+        let frames: Vec<(u64, Vec<u8>)> = (1..=200u64).map(|ts| (ts, payload(ts as u8))).collect();
+        let bytes = segment_with(&frames, 0);
+        let (mut buf, mut pool) = (Vec::new(), WindowPool::new());
+        // Windows of 256 B (read ahead by the thread) and of the whole file (read inline).
+        for window in [256, 1 << 20] {
+            for fail_from in [300, 2_000, bytes.len() as u64 - 10] {
+                let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(FailingFile(bytes.clone(), fail_from));
+                let mut frames = SegmentFrames::open(file, &mut buf, &mut pool, window).expect("the head reads");
+                frames.start(0);
+                let mut handed = 0;
+                let failed = loop {
+                    match frames.next_batch(7) {
+                        Ok(b) if b.is_empty() => break false,
+                        Ok(b) => handed += b.len(),
+                        Err(_) => break true,
+                    }
+                };
+                let finished = frames.finish();
+                assert!(failed || finished.is_err(), "window {window}, failing from {fail_from}: no error");
+                assert!(
+                    handed < frames_len(&bytes),
+                    "window {window}, failing from {fail_from}: every frame handed out"
+                );
+            }
+        }
+    }
+
+    fn frames_len(bytes: &[u8]) -> usize {
+        scan_segment(bytes, 0).frames.len()
     }
 
     #[test]
