@@ -1,14 +1,16 @@
 //! `keel-torture`: kill -9 torture on the real file system.
 //!
 //! `keel-torture run --rounds N [--seconds S] [--dir D] [--seed X] [--threads T]
-//! [--durability sync|relaxed|periodic]` repeatedly starts a child that commits from several
+//! [--durability sync|relaxed|periodic] [--segment-bytes B]` repeatedly starts a child that commits from several
 //! threads and reports every acknowledged commit on its stdout (a pipe), kills it with SIGKILL
 //! after a random 5–200 ms, runs `keeldb::verify` on the store, reopens it and checks that every
 //! acknowledged commit is there with the right value and that the store is exactly a prefix of
 //! the commit history. The store is reused so state accumulates (about one round in twenty
-//! starts a fresh one). Exit status 0 when every round passed.
+//! starts a fresh one). Exit status 0 when every round passed. WAL segments are 64 KiB unless
+//! `--segment-bytes` says otherwise: segments longer than recovery's 1 MiB read window put its
+//! read-ahead thread under the kills too.
 //!
-//! `keel-torture child DIR [--threads T] [--durability D]` is the child. Thread `t` commits
+//! `keel-torture child DIR [--threads T] [--durability D] [--segment-bytes B]` is the child. Thread `t` commits
 //! sequence numbers 1, 2, ...: each commit puts `data/t<t>:<seq % 64>` (a value derived from
 //! `t` and `seq`) and `meta/seq:<t>` = `seq`, then prints `ack <t> <seq> <ts>`. A kill -9 keeps
 //! the page cache, so every acknowledged commit must survive in every durability mode.
@@ -33,8 +35,11 @@ fn value_for(t: u64, seq: u64) -> Vec<u8> {
     v
 }
 
-fn child_options(durability: Durability) -> Options {
-    Options { durability, wal_segment_bytes: 64 * 1024, checkpoint_wal_bytes: 256 * 1024, ..Options::default() }
+/// Checkpoints every four segments' worth of log (256 KiB at the default 64 KiB segments),
+/// so that a larger segment fills before a checkpoint rolls it.
+fn child_options(durability: Durability, segment_bytes: u64) -> Options {
+    let checkpoint_wal_bytes = segment_bytes.saturating_mul(4);
+    Options { durability, wal_segment_bytes: segment_bytes, checkpoint_wal_bytes, ..Options::default() }
 }
 
 fn read_counter(db: &Database, t: u64) -> Result<u64> {
@@ -45,8 +50,9 @@ fn read_counter(db: &Database, t: u64) -> Result<u64> {
     }
 }
 
-fn child(dir: &Path, threads: u64, durability: Durability) -> Result<()> {
-    let db = Database::open(dir, child_options(durability)).map_err(|e| format!("child open failed: {e}"))?;
+fn child(dir: &Path, threads: u64, durability: Durability, segment_bytes: u64) -> Result<()> {
+    let db =
+        Database::open(dir, child_options(durability, segment_bytes)).map_err(|e| format!("child open failed: {e}"))?;
     let mut handles = Vec::new();
     for t in 0..threads {
         let db = db.clone();
@@ -95,6 +101,7 @@ struct Config {
     seed: u64,
     threads: u64,
     durability: String,
+    segment_bytes: u64,
 }
 
 fn parse_acks(lines: &[String]) -> Vec<(u64, u64, u64)> {
@@ -117,6 +124,7 @@ fn run_child(cfg: &Config, kill_after: Duration) -> Result<Vec<String>> {
         .arg("child")
         .arg(&cfg.dir)
         .args(["--threads", &cfg.threads.to_string(), "--durability", &cfg.durability])
+        .args(["--segment-bytes", &cfg.segment_bytes.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -245,6 +253,7 @@ fn parse_run(args: &[String]) -> Result<Config> {
         seed: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64),
         threads: 4,
         durability: "sync".into(),
+        segment_bytes: 64 * 1024,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -257,6 +266,7 @@ fn parse_run(args: &[String]) -> Result<Config> {
             "--seed" => cfg.seed = num()?,
             "--threads" => cfg.threads = num()?.max(1),
             "--durability" => cfg.durability = value.clone(),
+            "--segment-bytes" => cfg.segment_bytes = num()?,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -269,7 +279,7 @@ fn parse_run(args: &[String]) -> Result<Config> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: keel-torture run [--rounds N] [--seconds S] [--dir D] [--seed X] [--threads T] [--durability sync|relaxed|periodic]\n       keel-torture child DIR [--threads T] [--durability D]";
+    let usage = "usage: keel-torture run [--rounds N] [--seconds S] [--dir D] [--seed X] [--threads T] [--durability sync|relaxed|periodic] [--segment-bytes B]\n       keel-torture child DIR [--threads T] [--durability D] [--segment-bytes B]";
     match args.first().map(String::as_str) {
         Some("child") => {
             let Some(dir) = args.get(1) else {
@@ -284,7 +294,7 @@ fn main() -> ExitCode {
                 }
             };
             let durability = Durability::parse(&cfg.durability).unwrap_or(Durability::Sync);
-            match child(Path::new(dir), cfg.threads, durability) {
+            match child(Path::new(dir), cfg.threads, durability, cfg.segment_bytes) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -301,11 +311,12 @@ fn main() -> ExitCode {
                 }
             };
             println!(
-                "keel-torture: seed {} dir {} threads {} durability {}",
+                "keel-torture: seed {} dir {} threads {} durability {} segment bytes {}",
                 cfg.seed,
                 cfg.dir.display(),
                 cfg.threads,
-                cfg.durability
+                cfg.durability,
+                cfg.segment_bytes
             );
             let started = Instant::now();
             match run(&cfg) {
