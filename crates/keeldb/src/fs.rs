@@ -135,7 +135,8 @@ pub fn write_zeros<F: FileHandle + ?Sized>(file: &F, offset: u64, len: u64) -> i
 pub(crate) const PARALLEL_READ_BYTES: usize = 64 << 20;
 
 /// Reads a whole file into `buf`, replacing what it held. Reusing one buffer for many files
-/// (recovery's WAL segments) spares a fresh allocation, and its page faults, per file.
+/// spares a fresh allocation, and its page faults, per file. (Recovery reads WAL segments and
+/// checkpoints a window at a time instead: `wal::SegmentFrames`, `checkpoint::Windows`.)
 ///
 /// Nothing is zeroed that the read overwrites anyway: bytes the buffer already holds are kept
 /// until the read replaces them, and a fresh buffer comes from `calloc`, whose large blocks

@@ -606,10 +606,11 @@ fn gap_covered_by_checkpoint(next: u64, ts: u64, ckpt_ts: u64) -> bool {
     next <= ckpt_ts && ts == ckpt_ts + 1
 }
 
-/// Reads a store directory into memory without changing any file.
-/// Frames a replay takes from a segment at a time (see the use).
+/// Frames a replay takes from a segment at a time: decoded together, their keys' hash groups
+/// read together, then applied one by one.
 const REPLAY_BATCH: usize = 16;
 
+/// Reads a store directory into memory without changing any file.
 pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Analysis> {
     let started = Instant::now();
     let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
@@ -726,9 +727,10 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
             ));
         }
 
-        // Each frame is decoded and applied right after its checks, while its bytes are cached.
-        // A bad frame ends the prefix; what follows it is judged below, after the prefix was
-        // applied (if that judgement is corruption, the whole state is discarded with the error).
+        // Frames are decoded and applied in batches right after their checks, while their bytes
+        // are cached (design/recovery.md, "Reading the WAL in windows"). A bad frame ends the
+        // prefix; what follows it is judged below, after the prefix was applied (if that
+        // judgement is corruption, the whole state is discarded with the error).
         frames.start(header.start_lsn);
         let mut seg_last_ts = header.first_ts.saturating_sub(1);
         loop {
