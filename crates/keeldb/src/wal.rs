@@ -561,11 +561,8 @@ fn read_window(
 ) -> std::io::Result<()> {
     let want = need.max(window as u64).min(len.saturating_sub(offset));
     let want = usize::try_from(want).map_err(|_| std::io::Error::other("segment too large to read"))?;
-    if buf.len() < want {
-        buf.resize(want, 0);
-    } else {
-        buf.truncate(want);
-    }
+    // `resize` zeroes only what it adds; bytes the buffer held are read over.
+    buf.resize(want, 0);
     crate::fs::read_exact_at(file, buf, offset)
 }
 
@@ -574,6 +571,7 @@ fn read_window(
 /// all of it that the file holds, and where the valid prefix ends the window is extended to
 /// the end of the file before the rest is judged (zeros, a bad frame, valid frames after it).
 /// So every result, frames and errors alike, is the one a scan of the whole file gives.
+#[derive(Clone)]
 struct WindowReader {
     file: std::sync::Arc<dyn FileHandle>,
     len: u64,
@@ -727,6 +725,7 @@ impl<'a> SegmentFrames<'a> {
         for _ in 0..=WINDOWS_AHEAD {
             let _ = back.try_send(self.pool.pop().unwrap_or_default());
         }
+        let inline = reader.clone();
         let spawned = std::thread::Builder::new().name("keeldb-wal-read".into()).spawn(move || {
             while let Ok(w) = free.recv() {
                 let read = reader.next(w);
@@ -745,17 +744,8 @@ impl<'a> SegmentFrames<'a> {
         });
         self.source = Some(match spawned {
             Ok(thread) => Source::Thread { next: Some(next), back: Some(back), thread: Some(thread) },
-            Err(_) => {
-                // No thread: read on this one (the windows given to the thread come back).
-                drop(back);
-                Source::Inline(WindowReader {
-                    file: std::sync::Arc::clone(&self.file),
-                    len: self.len,
-                    window: self.window,
-                    start_lsn,
-                    pos: SEGMENT_HEADER_BYTES,
-                })
-            }
+            // No thread: read on this one (the windows queued for it are dropped with it).
+            Err(_) => Source::Inline(inline),
         });
     }
 
@@ -955,38 +945,16 @@ mod tests {
         assert!(scan.bad.is_some());
     }
 
-    /// A segment file in memory.
+    /// A segment file in memory. Its reads, but the first window's (at offset 0), fail from
+    /// byte `.1` on (`u64::MAX`: never).
     #[derive(Debug)]
-    struct MemFile(Vec<u8>);
-
-    /// A segment file in memory whose reads, but the first window's (at offset 0), fail from
-    /// byte `.1` on.
-    #[derive(Debug)]
-    struct FailingFile(Vec<u8>, u64);
-
-    impl FileHandle for FailingFile {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-            if offset > 0 && offset + buf.len() as u64 > self.1 {
-                return Err(std::io::Error::other("injected read error"));
-            }
-            MemFile::read_at(&MemFile(self.0.clone()), buf, offset)
-        }
-        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<usize> {
-            Err(std::io::Error::other("read only"))
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            Ok(self.0.len() as u64)
-        }
-        fn set_len(&self, _: u64) -> std::io::Result<()> {
-            Err(std::io::Error::other("read only"))
-        }
-    }
+    struct MemFile(Vec<u8>, u64);
 
     impl FileHandle for MemFile {
         fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            if offset > 0 && offset.saturating_add(buf.len() as u64) > self.1 {
+                return Err(std::io::Error::other("injected read error"));
+            }
             let src = self.0.get(offset as usize..).unwrap_or_default();
             let n = src.len().min(buf.len());
             buf[..n].copy_from_slice(&src[..n]);
@@ -1021,7 +989,7 @@ mod tests {
         buf: &mut Vec<u8>,
         pool: &mut WindowPool,
     ) -> Summary {
-        let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.to_vec()));
+        let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.to_vec(), u64::MAX));
         let mut frames = SegmentFrames::open(file, buf, pool, window).expect("opens");
         frames.start(start_lsn);
         let mut found = Vec::new();
@@ -1096,7 +1064,7 @@ mod tests {
         // Windows of 256 B (read ahead by the thread) and of the whole file (read inline).
         for window in [256, 1 << 20] {
             for fail_from in [300, 2_000, bytes.len() as u64 - 10] {
-                let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(FailingFile(bytes.clone(), fail_from));
+                let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.clone(), fail_from));
                 let mut frames = SegmentFrames::open(file, &mut buf, &mut pool, window).expect("the head reads");
                 frames.start(0);
                 let mut handed = 0;
@@ -1127,7 +1095,7 @@ mod tests {
         let bytes = segment_with(&frames, 0);
         let (mut buf, mut pool) = (Vec::new(), WindowPool::new());
         for taken in [0, 1, 5] {
-            let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.clone()));
+            let file: std::sync::Arc<dyn FileHandle> = std::sync::Arc::new(MemFile(bytes.clone(), u64::MAX));
             let mut frames = SegmentFrames::open(file, &mut buf, &mut pool, 256).expect("opens");
             frames.start(0);
             for _ in 0..taken {
