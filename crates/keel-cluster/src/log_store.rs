@@ -50,6 +50,13 @@ struct Job {
     done: Box<dyn FnOnce(io::Result<()>) + Send>,
 }
 
+/// What the writer thread is sent: a write, or the member's stop (answered once the store is
+/// closed and its directory lock released).
+enum Work {
+    Write(Job),
+    Close(tokio::sync::oneshot::Sender<()>),
+}
+
 /// Told, for each CURP command handed to the log store, its id and the leader (term, member)
 /// that appended it: a leader's early answer waits for this (`curp::front`).
 pub type AppendHook = Arc<dyn Fn(&[(crate::curp::CommandId, u64, u64)]) + Send + Sync>;
@@ -60,7 +67,7 @@ pub struct LogStore {
     mirror: Arc<Mutex<Mirror>>,
     /// See [`AppendHook`].
     on_append: Arc<parking_lot::RwLock<Option<AppendHook>>>,
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Work>,
     /// The newest committed id not yet written: it rides along with the next log write
     /// instead of costing an fdatasync of its own.
     pending_committed: Arc<Mutex<Option<LogId>>>,
@@ -81,7 +88,7 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Resul
 
 impl LogStore {
     /// Opens (or creates) the log store in `dir` on `fs` and starts its writer thread, which
-    /// ends when every clone of the store is dropped.
+    /// ends on [`LogStore::close`] or when every clone of the store is dropped.
     pub fn open(dir: &Path, fs: Arc<dyn FileSystem>) -> io::Result<LogStore> {
         let db = Database::open(dir, Options { fs, ..Options::with_durability(Durability::Sync) }).map_err(io_err)?;
         let mut mirror = Mirror::default();
@@ -110,7 +117,7 @@ impl LogStore {
             }
         }
         check_contiguous(&mirror)?;
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let pending_committed = Arc::new(Mutex::new(None));
         let pending = Arc::clone(&pending_committed);
         let last_written = mirror.entries.keys().next_back().copied().or(mirror.purged.map(|p| p.index));
@@ -132,7 +139,22 @@ impl LogStore {
     }
 
     fn submit(&self, ops: Vec<Op>, done: Box<dyn FnOnce(io::Result<()>) + Send>) -> io::Result<()> {
-        self.jobs.send(Job { ops, done }).map_err(|_| io::Error::other("raft log writer stopped"))
+        self.jobs.send(Work::Write(Job { ops, done })).map_err(|_| closed())
+    }
+
+    /// Closes the store for every clone: writes already sent are made durable first, later
+    /// ones fail, and this returns once the store is closed and its directory lock released.
+    /// The member's stop calls it after Raft has stopped. Without it the store stayed open
+    /// until the last clone was dropped, and a clone can outlive the stop (openraft hands
+    /// clones to its replication tasks as log readers): the member's data directory then
+    /// stayed locked and a restart in the same process failed. Reads keep being served from
+    /// memory.
+    pub async fn close(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.jobs.send(Work::Close(tx)).is_ok() {
+            // An error: the thread has ended already (the store is closed).
+            let _ = rx.await;
+        }
     }
 
     /// Submits `ops` and waits until they are durable.
@@ -144,8 +166,12 @@ impl LogStore {
                 let _ = tx.send(r);
             }),
         )?;
-        rx.await.map_err(|_| io::Error::other("raft log writer stopped"))?
+        rx.await.map_err(|_| closed())?
     }
+}
+
+fn closed() -> io::Error {
+    io::Error::other("raft log writer stopped: the member is stopping")
 }
 
 fn index_of(key: &[u8]) -> io::Result<u64> {
@@ -169,17 +195,28 @@ fn check_contiguous(m: &Mirror) -> io::Result<()> {
 /// The writer thread: all waiting jobs become one sync commit, then their callbacks run.
 fn writer(
     db: Database,
-    rx: mpsc::Receiver<Job>,
+    rx: mpsc::Receiver<Work>,
     pending_committed: Arc<Mutex<Option<LogId>>>,
     mut last_written: Option<u64>,
 ) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            jobs.push(more);
-            if jobs.len() >= 4096 {
-                break;
+    let mut closers = Vec::new();
+    while closers.is_empty() {
+        let Ok(first) = rx.recv() else { break };
+        let mut jobs = Vec::new();
+        let mut next = Some(first);
+        while let Some(work) = next {
+            match work {
+                Work::Write(job) => jobs.push(job),
+                // The writes sent before the close are still committed below.
+                Work::Close(tx) => {
+                    closers.push(tx);
+                    break;
+                }
             }
+            next = if jobs.len() >= 4096 { None } else { rx.try_recv().ok() };
+        }
+        if jobs.is_empty() {
+            continue;
         }
         for op in jobs.iter().flat_map(|j| j.ops.iter()) {
             if let Op::Put(key, _, LOG) = op {
@@ -207,7 +244,18 @@ fn writer(
             break;
         }
     }
+    // Writes queued behind a close fail; once `rx` is dropped, later sends fail at once.
+    for work in rx.try_iter() {
+        match work {
+            Work::Write(job) => (job.done)(Err(closed())),
+            Work::Close(tx) => closers.push(tx),
+        }
+    }
+    drop(rx);
     let _ = db.close();
+    for tx in closers {
+        let _ = tx.send(());
+    }
 }
 
 /// Whether a committed id may be written once entries up to `last_written` are in the log.
@@ -404,5 +452,26 @@ mod tests {
         assert!(!committed_is_covered(5, Some(4)));
         assert!(committed_is_covered(5, Some(5)));
         assert!(committed_is_covered(5, Some(9)));
+    }
+
+    /// A clone that outlives the close (openraft's replication tasks hold log readers) must
+    /// not keep the directory locked: the store reopens at once, the clone's writes fail
+    /// instead of hanging, and a write sent before the close is durable.
+    #[tokio::test]
+    async fn close_releases_the_directory_while_clones_live() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fs: Arc<dyn FileSystem> = Arc::new(keeldb::fs::StdFs);
+        let mut store = LogStore::open(dir.path(), Arc::clone(&fs)).unwrap_or_else(|e| panic!("{e}"));
+        let mut lingering = store.clone();
+        let vote = Vote::new(3, 1);
+        store.save_vote(&vote).await.unwrap_or_else(|e| panic!("{e}"));
+        store.close().await;
+        let mut reopened = LogStore::open(dir.path(), Arc::clone(&fs)).unwrap_or_else(|e| panic!("reopen: {e}"));
+        assert_eq!(reopened.read_vote().await.unwrap_or_else(|e| panic!("{e}")), Some(vote));
+        assert!(lingering.save_vote(&Vote::new(4, 1)).await.is_err(), "a write after the close must fail");
+        // Closing twice (or a clone after the store closed) returns at once.
+        lingering.close().await;
+        store.close().await;
+        reopened.close().await;
     }
 }

@@ -426,8 +426,10 @@ impl Node {
         Ok(node)
     }
 
-    /// Stops Raft and tells listeners and connections to end (the stores close when the
-    /// last handle drops).
+    /// Stops Raft, tells listeners and connections to end, and closes the member's three
+    /// stores (Raft log, witness pool, state). When it returns the data directory is unlocked,
+    /// though tasks still holding a handle to the member (a connection finishing, a
+    /// replication task of the stopped Raft) may not have ended; their store calls now fail.
     pub async fn shutdown(&self) {
         self.stopping.send_replace(true);
         // In its own task: openraft (0.10.0-alpha.37) can panic while it stops after a storage
@@ -441,6 +443,17 @@ impl Node {
             eprintln!("keel: raft shutdown on member {:x} failed: {e}", self.id);
         }
         self.peers.lock().clear();
+        self.log.close().await;
+        self.witness.close().await;
+        // Every clone of the state store is closed with it (`Database::close`); an error only
+        // says it was closed already or could not write its clean-close mark, which the next
+        // open's recovery does not need.
+        let sm = self.sm.db.clone();
+        match tokio::task::spawn_blocking(move || sm.close()).await {
+            Ok(Ok(())) | Ok(Err(keeldb::Error::Closed)) => {}
+            Ok(Err(e)) => eprintln!("keel: closing the state store of member {:x}: {e}", self.id),
+            Err(e) => eprintln!("keel: closing the state store of member {:x}: {e}", self.id),
+        }
     }
 
     /// Completes once the member is stopping.

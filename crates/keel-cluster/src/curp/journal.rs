@@ -41,9 +41,18 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
 pub type Done = tokio::sync::oneshot::Receiver<io::Result<()>>;
 
 enum Job {
-    Add { arrival: u64, row: Vec<u8>, done: tokio::sync::oneshot::Sender<io::Result<()>> },
+    Add {
+        arrival: u64,
+        row: Vec<u8>,
+        done: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
     Remove(Vec<u64>),
-    Fence { term: u64, done: tokio::sync::oneshot::Sender<io::Result<()>> },
+    Fence {
+        term: u64,
+        done: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
+    /// The member stops: answered once the store is closed (`Journal::close`).
+    Close(tokio::sync::oneshot::Sender<()>),
 }
 
 /// What a witness store held when opened.
@@ -56,7 +65,8 @@ pub struct Loaded {
     pub last_arrival: u64,
 }
 
-/// The writer's end: jobs go to its thread, which ends when this is dropped.
+/// The writer's end: jobs go to its thread, which ends on [`Journal::close`] or when this is
+/// dropped.
 pub struct Journal {
     jobs: mpsc::Sender<Job>,
 }
@@ -127,6 +137,20 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Closes the store: jobs queued before are written, later ones fail, and this returns
+    /// once its directory lock is released. The member's stop calls it: the witness is shared
+    /// (`Arc`) with tasks that may outlive the stop, and the directory must not stay locked
+    /// for them.
+    pub async fn close(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.jobs.send(Job::Close(tx)).is_ok() {
+            // An error: the thread has ended already (the store is closed).
+            let _ = rx.await;
+        }
+    }
+}
+
 /// Waits for a queued job's commit.
 pub async fn durable(done: Done) -> io::Result<()> {
     done.await.unwrap_or_else(|_| Err(io_err("the writer has stopped")))
@@ -137,13 +161,24 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>, mut fence: u64) {
     // unknown, so every later job is refused with the first error (the witness stops giving
     // fast paths; the member's Raft path is unaffected).
     let mut failed: Option<String> = None;
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < BATCH {
-            match rx.try_recv() {
-                Ok(more) => jobs.push(more),
-                Err(_) => break,
+    let mut closers = Vec::new();
+    while closers.is_empty() {
+        let Ok(first) = rx.recv() else { break };
+        let mut jobs = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next {
+            match job {
+                // The jobs queued before the close are still written below.
+                Job::Close(tx) => {
+                    closers.push(tx);
+                    break;
+                }
+                job => jobs.push(job),
             }
+            next = if jobs.len() < BATCH { rx.try_recv().ok() } else { None };
+        }
+        if jobs.is_empty() {
+            continue;
         }
         let result = match &failed {
             Some(e) => Err(io_err(e)),
@@ -161,11 +196,25 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>, mut fence: u64) {
                 Job::Add { done, .. } | Job::Fence { done, .. } => {
                     let _ = done.send(reply());
                 }
-                Job::Remove(_) => {}
+                Job::Remove(_) | Job::Close(_) => {}
             }
         }
     }
+    // Jobs queued behind a close fail; once `rx` is dropped, later sends fail at once.
+    for job in rx.try_iter() {
+        match job {
+            Job::Add { done, .. } | Job::Fence { done, .. } => {
+                let _ = done.send(Err(io_err("the writer has stopped")));
+            }
+            Job::Remove(_) => {}
+            Job::Close(tx) => closers.push(tx),
+        }
+    }
+    drop(rx);
     let _ = db.close();
+    for tx in closers {
+        let _ = tx.send(());
+    }
 }
 
 fn commit(db: &Database, jobs: &[Job], fence: &mut u64) -> io::Result<()> {
@@ -183,6 +232,7 @@ fn commit(db: &Database, jobs: &[Job], fence: &mut u64) -> io::Result<()> {
                 }
             }
             Job::Fence { term, .. } => new_fence = new_fence.max(*term),
+            Job::Close(_) => {}
         }
     }
     if new_fence > *fence {

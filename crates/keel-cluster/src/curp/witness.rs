@@ -231,6 +231,14 @@ impl Witness {
         Ok(Witness { journal: Some(journal), ..w })
     }
 
+    /// Closes the pool's store (the member stops): later records fail, and the store's
+    /// directory is unlocked when this returns.
+    pub async fn close(&self) {
+        if let Some(j) = &self.journal {
+            j.close().await;
+        }
+    }
+
     /// Records command `id` of `term` unless refused (W1, W2, W4); the ticket says when the
     /// record is durable (W5). Recording an id that is pooled already succeeds without a
     /// second entry.

@@ -55,14 +55,14 @@ pub fn member_config(
     }
 }
 
-/// Starts a member, retrying for `secs` (a stopped member's stores may still be closing, their
-/// lock held).
+/// Starts a member, retrying for `secs`: a stopped member's ports may take a moment to free.
+/// Its stores may not: `Server::stop` closes them, so a locked store fails at once.
 pub async fn start_retrying(cfg: ServeConfig, secs: u64) -> Server {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         match Server::start(cfg.clone()).await {
             Ok(s) => return s,
-            Err(e) if Instant::now() < deadline => {
+            Err(e) if Instant::now() < deadline && !e.to_string().contains("locked by another open handle") => {
                 eprintln!("retrying start: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
