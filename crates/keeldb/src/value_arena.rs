@@ -4,11 +4,12 @@
 //! The hash table and the slot slab sit in huge pages (`huge.rs`), but a value allocated on
 //! its own sits in the allocator's 4 KiB pages, so its miss also walks the page tables. And
 //! the allocator rounds a 100-byte value up to a 112-byte chunk (its header included); here
-//! it takes 104 bytes, its length rounded up to 8.
+//! it takes 100 bytes, its length rounded up to 4.
 //!
-//! How: values of at most [`SMALL_MAX`] bytes take a block of their length rounded up to 8
-//! (their *class*). Blocks are cut front to back from the newest chunk; a freed block goes on
-//! its class's free list (the next block's address written into its first 8 bytes) and is
+//! How: values of at most [`SMALL_MAX`] bytes take a block of their length rounded up to 4,
+//! and at least 8 bytes (their *class*). Blocks are cut front to back from the newest chunk; a
+//! freed block goes on its class's free list (the next block's address written into its
+//! first 8 bytes, which is why no block is shorter) and is
 //! the first one the next value of that class takes. A longer value gets a chunk of its own,
 //! freed with it. Chunks double from 4 KiB to 2 MiB. A 2 MiB chunk is a huge-page mapping
 //! (`huge.rs`) when the process-wide pool has one ready: a thread of its own faults those in,
@@ -47,8 +48,13 @@ const FIRST_CHUNK: usize = 4 << 10;
 /// Values up to this many bytes are cut from shared chunks; longer ones get a chunk each.
 pub(crate) const SMALL_MAX: usize = 1024;
 
-/// Block sizes are multiples of this (also the room a free block needs for its link).
-const GRAIN: usize = 8;
+/// Block sizes are multiples of this. Values are byte strings, read and written with byte
+/// copies, so a block needs no alignment; with 8, a 100-byte value took 104 bytes (4 bytes a
+/// key of the large-table benchmark's 206, measured at 1M keys).
+const GRAIN: usize = 4;
+
+/// The shortest block: the room a free block needs for its link.
+const MIN_BLOCK: usize = 8;
 
 const CLASSES: usize = SMALL_MAX / GRAIN;
 
@@ -222,9 +228,10 @@ impl Default for ValueArena {
     }
 }
 
-/// The block size and size class of a small value of `len` bytes (`len >= 1`).
+/// The block size and size class of a small value of `len` bytes (`len >= 1`). Class 0 (a
+/// 4-byte block) is never used: values of up to 8 bytes take [`MIN_BLOCK`].
 fn block_of(len: usize) -> (usize, usize) {
-    let block = len.div_ceil(GRAIN) * GRAIN;
+    let block = (len.div_ceil(GRAIN) * GRAIN).max(MIN_BLOCK);
     (block, block / GRAIN - 1)
 }
 
@@ -373,7 +380,7 @@ mod tests {
         a.free(r1);
         a.free(empty);
         assert_eq!(a.get(r2), &value(2, 100)[..], "freeing one block leaves its neighbour alone");
-        // 97..=104 bytes share r1's class: the next such value takes its block.
+        // 97..=100 bytes share r1's class: the next such value takes its block.
         let r3 = a.alloc(&value(3, 97));
         assert_eq!((r3.chunk, r3.offset), (r1.chunk, r1.offset));
         assert_eq!(a.get(r3), &value(3, 97)[..]);
@@ -384,9 +391,41 @@ mod tests {
         // The newest block, whose value ends short of the block's end, is reused too.
         let last = a.alloc(&value(5, 97));
         a.free(last);
-        let again = a.alloc(&value(6, 103));
+        let again = a.alloc(&value(6, 99));
         assert_eq!((again.chunk, again.offset), (last.chunk, last.offset));
-        assert_eq!(a.get(again), &value(6, 103)[..]);
+        assert_eq!(a.get(again), &value(6, 99)[..]);
+        // 101 bytes is the next class: a block of 104.
+        let next_class = a.alloc(&value(7, 101));
+        a.free(next_class);
+        let r5 = a.alloc(&value(8, 100));
+        assert_ne!((r5.chunk, r5.offset), (next_class.chunk, next_class.offset));
+        assert_eq!(a.get(r5), &value(8, 100)[..]);
+    }
+
+    #[test]
+    fn blocks_are_lengths_rounded_up_to_four_and_at_least_eight() {
+        assert_eq!(block_of(1), (8, 1));
+        assert_eq!(block_of(8), (8, 1));
+        assert_eq!(block_of(9), (12, 2));
+        assert_eq!(block_of(100), (100, 24));
+        assert_eq!(block_of(SMALL_MAX), (SMALL_MAX, CLASSES - 1));
+        // Two 100-byte values sit 100 bytes apart; a 1-byte value's freed block holds a link.
+        let mut a = ValueArena::default();
+        let r1 = a.alloc(&value(1, 100));
+        let r2 = a.alloc(&value(2, 100));
+        assert_eq!(r2.offset - r1.offset, 100);
+        let tiny = a.alloc(&value(3, 1));
+        let other = a.alloc(&value(4, 5));
+        a.free(tiny);
+        a.free(other);
+        let back = a.alloc(&value(5, 7));
+        assert_eq!((back.chunk, back.offset), (other.chunk, other.offset), "last freed, first reused");
+        let back2 = a.alloc(&value(6, 2));
+        assert_eq!((back2.chunk, back2.offset), (tiny.chunk, tiny.offset));
+        assert_eq!(a.get(back), &value(5, 7)[..]);
+        assert_eq!(a.get(back2), &value(6, 2)[..]);
+        assert_eq!(a.get(r1), &value(1, 100)[..]);
+        assert_eq!(a.get(r2), &value(2, 100)[..]);
     }
 
     #[test]
