@@ -145,10 +145,10 @@ impl LogStore {
     /// Closes the store for every clone: writes already sent are made durable first, later
     /// ones fail, and this returns once the store is closed and its directory lock released.
     /// The member's stop calls it after Raft has stopped. Without it the store stayed open
-    /// until the last clone was dropped, and a clone can outlive the stop (openraft hands
-    /// clones to its replication tasks as log readers): the member's data directory then
-    /// stayed locked and a restart in the same process failed. Reads keep being served from
-    /// memory.
+    /// until the last clone was dropped, and a clone can outlive the stop (openraft gives
+    /// clones to its replication tasks as log readers, and any task still holding the member
+    /// holds one): the member's data directory then stayed locked and a restart in the same
+    /// process failed. Reads keep being served from memory.
     pub async fn close(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.jobs.send(Work::Close(tx)).is_ok() {
@@ -171,7 +171,7 @@ impl LogStore {
 }
 
 fn closed() -> io::Error {
-    io::Error::other("raft log writer stopped: the member is stopping")
+    io::Error::other("raft log writer stopped (the member is stopping, or an earlier write failed)")
 }
 
 fn index_of(key: &[u8]) -> io::Result<u64> {

@@ -445,14 +445,17 @@ impl Node {
         self.peers.lock().clear();
         self.log.close().await;
         self.witness.close().await;
-        // Every clone of the state store is closed with it (`Database::close`); an error only
-        // says it was closed already or could not write its clean-close mark, which the next
-        // open's recovery does not need.
+        // Every clone of the state store is closed with it (`Database::close`). An error says
+        // it was closed already, or that its clean-close mark could not be written (a poisoned
+        // store): the next open recovers without the mark.
         let sm = self.sm.db.clone();
-        match tokio::task::spawn_blocking(move || sm.close()).await {
-            Ok(Ok(())) | Ok(Err(keeldb::Error::Closed)) => {}
-            Ok(Err(e)) => eprintln!("keel: closing the state store of member {:x}: {e}", self.id),
-            Err(e) => eprintln!("keel: closing the state store of member {:x}: {e}", self.id),
+        let why = match tokio::task::spawn_blocking(move || sm.close()).await {
+            Ok(Ok(())) | Ok(Err(keeldb::Error::Closed)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = why {
+            eprintln!("keel: closing the state store of member {:x}: {why}", self.id);
         }
     }
 

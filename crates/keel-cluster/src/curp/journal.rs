@@ -127,17 +127,6 @@ impl Journal {
         }
     }
 
-    /// Queues a fence at `term`; `Done` completes once it is durable.
-    pub fn fence(&self, term: u64) -> Done {
-        let (done, wait) = tokio::sync::oneshot::channel();
-        if let Err(mpsc::SendError(Job::Fence { done, .. })) = self.jobs.send(Job::Fence { term, done }) {
-            let _ = done.send(Err(io_err("the writer has stopped")));
-        }
-        wait
-    }
-}
-
-impl Journal {
     /// Closes the store: jobs queued before are written, later ones fail, and this returns
     /// once its directory lock is released. The member's stop calls it: the witness is shared
     /// (`Arc`) with tasks that may outlive the stop, and the directory must not stay locked
@@ -148,6 +137,15 @@ impl Journal {
             // An error: the thread has ended already (the store is closed).
             let _ = rx.await;
         }
+    }
+
+    /// Queues a fence at `term`; `Done` completes once it is durable.
+    pub fn fence(&self, term: u64) -> Done {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if let Err(mpsc::SendError(Job::Fence { done, .. })) = self.jobs.send(Job::Fence { term, done }) {
+            let _ = done.send(Err(io_err("the writer has stopped")));
+        }
+        wait
     }
 }
 
