@@ -192,6 +192,27 @@ fn check_contiguous(m: &Mirror) -> io::Result<()> {
     Ok(())
 }
 
+/// What a store's writer thread takes at once: `first` and whatever else is queued, up to
+/// `max` writes, stopping at a close request (`as_write` tells the two apart). The log and
+/// the CURP witness's journal both batch this way.
+pub(crate) fn take_batch<M, W, C>(
+    first: M,
+    rx: &mpsc::Receiver<M>,
+    max: usize,
+    as_write: impl Fn(M) -> Result<W, C>,
+) -> (Vec<W>, Option<C>) {
+    let mut writes = Vec::new();
+    let mut next = Some(first);
+    while let Some(m) = next {
+        match as_write(m) {
+            Ok(w) => writes.push(w),
+            Err(close) => return (writes, Some(close)),
+        }
+        next = if writes.len() < max { rx.try_recv().ok() } else { None };
+    }
+    (writes, None)
+}
+
 /// The writer thread: all waiting jobs become one sync commit, then their callbacks run.
 fn writer(
     db: Database,
@@ -202,19 +223,12 @@ fn writer(
     let mut closers = Vec::new();
     while closers.is_empty() {
         let Ok(first) = rx.recv() else { break };
-        let mut jobs = Vec::new();
-        let mut next = Some(first);
-        while let Some(work) = next {
-            match work {
-                Work::Write(job) => jobs.push(job),
-                // The writes sent before the close are still committed below.
-                Work::Close(tx) => {
-                    closers.push(tx);
-                    break;
-                }
-            }
-            next = if jobs.len() >= 4096 { None } else { rx.try_recv().ok() };
-        }
+        let (jobs, close) = take_batch(first, &rx, 4096, |work| match work {
+            Work::Write(job) => Ok(job),
+            Work::Close(tx) => Err(tx),
+        });
+        // The writes sent before a close are still committed below.
+        closers.extend(close);
         if jobs.is_empty() {
             continue;
         }

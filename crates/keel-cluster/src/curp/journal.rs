@@ -162,19 +162,12 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>, mut fence: u64) {
     let mut closers = Vec::new();
     while closers.is_empty() {
         let Ok(first) = rx.recv() else { break };
-        let mut jobs = Vec::new();
-        let mut next = Some(first);
-        while let Some(job) = next {
-            match job {
-                // The jobs queued before the close are still written below.
-                Job::Close(tx) => {
-                    closers.push(tx);
-                    break;
-                }
-                job => jobs.push(job),
-            }
-            next = if jobs.len() < BATCH { rx.try_recv().ok() } else { None };
-        }
+        let (jobs, close) = crate::log_store::take_batch(first, &rx, BATCH, |job| match job {
+            Job::Close(tx) => Err(tx),
+            job => Ok(job),
+        });
+        // The jobs queued before a close are still written below.
+        closers.extend(close);
         if jobs.is_empty() {
             continue;
         }
