@@ -142,10 +142,10 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a == b
 }
 
-/// One version of a key. `value == None` is a tombstone (deleted at `ts`). The value's bytes
-/// live in the table's [`ValueArena`], which the table frees them from when it drops the
+/// An older version of a key. `value == None` is a tombstone (deleted at `ts`). The value's
+/// bytes live in the table's [`ValueArena`], which the table frees them from when it drops the
 /// version ([`free_chain`]): a version dropped any other way keeps its block until the table
-/// goes.
+/// goes. The newest version of each key is not one of these: it lives in the key's [`Slot`].
 #[derive(Debug)]
 pub(crate) struct Version {
     pub ts: u64,
@@ -164,6 +164,10 @@ fn free_chain(values: &mut ValueArena, v: Version) {
     }
 }
 
+/// A horizon no collection reaches: the chain has no second version (timestamps stay below
+/// 2^63).
+pub(crate) const GC_NEVER: u64 = (1 << 63) - 1;
+
 impl Version {
     /// The version visible at `snapshot`: the newest with `ts <= snapshot`.
     pub fn visible(&self, snapshot: u64) -> Option<&Version> {
@@ -176,37 +180,32 @@ impl Version {
         }
     }
 
-    /// Drops every version older than the one visible at `horizon`. Returns the freed bytes
-    /// and the chain's new [`GcState::prunable_at`]: the timestamp of its second-oldest version
-    /// (pruning frees something only once the horizon reaches it), or [`GcState::NEVER`].
-    pub fn prune(&mut self, horizon: u64, values: &mut ValueArena) -> (usize, u64) {
-        let mut newer_ts = GcState::NEVER;
+    /// Drops every version older than the one visible at `horizon`, where `newer_ts` is the
+    /// timestamp of the version just newer than this one. Returns the chain's new
+    /// [`History::prunable_at`]: the timestamp of its second-oldest version (pruning frees
+    /// something only once the horizon reaches it).
+    fn prune(&mut self, horizon: u64, newer_ts: u64, values: &mut ValueArena) -> u64 {
+        let mut newer_ts = newer_ts;
         let mut v = self;
         loop {
             if v.ts <= horizon {
-                let mut freed = 0;
-                let mut rest = v.older.take();
-                while let Some(mut old) = rest {
-                    if let Some(r) = old.value.take() {
-                        freed += r.len();
-                        values.free(r);
-                    }
-                    rest = old.older.take();
+                if let Some(rest) = v.older.take() {
+                    free_chain(values, *rest);
                 }
-                return (freed, newer_ts);
+                return newer_ts;
             }
             match v.older.as_deref_mut() {
                 Some(next) => {
                     newer_ts = v.ts;
                     v = next;
                 }
-                None => return (0, newer_ts),
+                None => return newer_ts,
             }
         }
     }
 
     #[cfg(test)]
-    pub fn depth(&self) -> usize {
+    fn depth(&self) -> usize {
         let mut n = 1;
         let mut v = self;
         while let Some(next) = v.older.as_deref() {
@@ -247,54 +246,113 @@ impl std::ops::DerefMut for Slots {
     }
 }
 
-/// A key and the head of its version chain. Free slots have an empty key and no value.
+/// A key and its versions, newest first: the newest (the head) inline, the older ones in a
+/// boxed [`History`] that most keys never have. Free slots have an empty key and no value.
+///
+/// 56 bytes (key 24, head timestamp 8, head value 12, the collector's flag in what would be
+/// padding, history 8): the slab is most of a key's fixed memory, so every field is here only
+/// because a read or a write of most keys needs it. What only chains with history need (the
+/// collector's horizon) lives in the history's box. In this order (`repr(C)`), what a read
+/// touches (key, timestamp, value) is the first 44 bytes.
 #[derive(Debug)]
+#[repr(C)]
 struct Slot {
     key: Key,
-    head: Version,
-    gc: GcState,
+    /// The head's commit timestamp.
+    ts: u64,
+    /// The head's value; `None` is a tombstone.
+    value: Option<ValueRef>,
+    /// The key is on the collector's candidate list (each key is on it at most once).
+    queued: bool,
+    older: Option<Box<History>>,
+}
+
+/// The versions of a key below its head, and what the collector needs without walking them:
+/// without `prunable_at` every write (and every collector visit) walked the whole chain, and
+/// with history kept, chains are long and writes became quadratic.
+#[derive(Debug)]
+struct History {
+    /// The timestamp of the chain's second-oldest version (the head counts): pruning frees
+    /// something only once the horizon reaches it.
+    prunable_at: u64,
+    /// The version just below the head.
+    newest: Version,
 }
 
 impl Slot {
+    fn new(key: &[u8], ts: u64, value: Option<ValueRef>) -> Slot {
+        Slot { key: Key::new(key), ts, value, queued: false, older: None }
+    }
+
+    fn vacant() -> Slot {
+        Slot::new(&[], 0, None)
+    }
+
+    /// The value visible at `snapshot`: `None` when no version is visible or the visible
+    /// one is a tombstone.
+    #[inline]
+    fn visible_value(&self, snapshot: u64) -> Option<ValueRef> {
+        if self.ts <= snapshot {
+            return self.value;
+        }
+        self.older.as_deref()?.newest.visible(snapshot)?.value
+    }
+
+    /// See [`History::prunable_at`]; [`GC_NEVER`] without history.
+    fn prunable_at(&self) -> u64 {
+        self.older.as_deref().map_or(GC_NEVER, |h| h.prunable_at)
+    }
+
     /// The lowest horizon at which collecting this chain frees something: pruning from the
     /// second-oldest version's timestamp on, or removing a lone tombstone from its own.
     fn gc_due_at(&self) -> u64 {
-        let tombstone_alone = self.head.value.is_none() && self.head.older.is_none();
-        if tombstone_alone {
-            self.head.ts.min(self.gc.prunable_at())
+        if self.value.is_none() && self.older.is_none() {
+            self.ts
         } else {
-            self.gc.prunable_at()
+            self.prunable_at()
         }
     }
-}
 
-/// Per chain, what the collector needs without walking the chain: the horizon from which
-/// pruning frees something (the second-oldest version's timestamp), and whether the key is on
-/// the candidate list. Without it every write (and every collector visit) walked the whole
-/// chain: with history kept, chains are long and writes became quadratic. Packed in one word
-/// (timestamps stay below 2^63).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GcState(u64);
+    /// Makes `(ts, value)` the head; the old head becomes the newest older version. Called
+    /// with the old head's value already accounted for by the caller; frees nothing.
+    fn push_head(&mut self, ts: u64, value: Option<ValueRef>) {
+        let below = Version { ts: self.ts, value: self.value, older: None };
+        match self.older.as_deref_mut() {
+            // Two versions now: the new head is the second-oldest.
+            None => self.older = Some(Box::new(History { prunable_at: ts, newest: below })),
+            Some(history) => {
+                let older = std::mem::replace(&mut history.newest, below);
+                history.newest.older = Some(Box::new(older));
+            }
+        }
+        self.ts = ts;
+        self.value = value;
+    }
 
-impl GcState {
-    const QUEUED: u64 = 1 << 63;
-    /// No second version: pruning can never free anything.
-    pub const NEVER: u64 = (1 << 63) - 1;
+    /// Drops every version older than the one visible at `horizon`.
+    fn prune(&mut self, horizon: u64, values: &mut ValueArena) {
+        if self.ts <= horizon {
+            if let Some(history) = self.older.take() {
+                free_chain(values, history.newest);
+            }
+        } else if let Some(history) = self.older.as_deref_mut() {
+            history.prunable_at = history.newest.prune(horizon, self.ts, values);
+        }
+    }
 
-    fn new() -> GcState {
-        GcState(Self::NEVER)
+    /// Gives every version's value back to `values`.
+    fn free_values(self, values: &mut ValueArena) {
+        if let Some(r) = self.value {
+            values.free(r);
+        }
+        if let Some(history) = self.older {
+            free_chain(values, history.newest);
+        }
     }
-    fn prunable_at(self) -> u64 {
-        self.0 & !Self::QUEUED
-    }
-    fn set_prunable_at(&mut self, ts: u64) {
-        self.0 = (self.0 & Self::QUEUED) | ts.min(Self::NEVER);
-    }
-    fn queued(self) -> bool {
-        self.0 & Self::QUEUED != 0
-    }
-    fn set_queued(&mut self, queued: bool) {
-        self.0 = if queued { self.0 | Self::QUEUED } else { self.0 & !Self::QUEUED };
+
+    #[cfg(test)]
+    fn depth(&self) -> usize {
+        1 + self.older.as_deref().map_or(0, |h| h.newest.depth())
     }
 }
 
@@ -397,12 +455,12 @@ impl TableData {
         self.index.touch(self.hash(key))
     }
 
-    fn find(&self, key: &[u8]) -> Option<&Version> {
+    fn find(&self, key: &[u8]) -> Option<&Slot> {
         let slots = &self.slots;
         let slot = self
             .index
             .find(self.hash(key), |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))?;
-        self.slots.get(slot as usize).map(|s| &s.head)
+        self.slots.get(slot as usize)
     }
 
     fn slot_of(&self, key: &[u8]) -> Option<usize> {
@@ -439,11 +497,11 @@ impl TableData {
     }
 
     /// Adds `key`, which the table does not hold, under its `hash`; returns its slot.
-    fn insert_new(&mut self, hash: u64, key: &[u8], head: Version) -> u32 {
+    fn insert_new(&mut self, hash: u64, key: &[u8], ts: u64, value: Option<ValueRef>) -> u32 {
         if self.index.len() >= self.index.capacity() {
             self.grow_index();
         }
-        let slot = Slot { key: Key::new(key), head, gc: GcState::new() };
+        let slot = Slot::new(key, ts, value);
         let n = match self.free.pop() {
             Some(n) => {
                 if let Some(s) = self.slots.get_mut(n as usize) {
@@ -470,10 +528,7 @@ impl TableData {
             self.index.remove(hash, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
         {
             if let Some(s) = self.slots.get_mut(n as usize) {
-                let empty =
-                    Slot { key: Key::new(&[]), head: Version { ts: 0, value: None, older: None }, gc: GcState::new() };
-                let old = std::mem::replace(s, empty);
-                free_chain(&mut self.values, old.head);
+                std::mem::replace(s, Slot::vacant()).free_values(&mut self.values);
                 self.free.push(n);
             }
         }
@@ -536,8 +591,7 @@ impl TableData {
     }
 
     pub fn get(&self, key: &[u8], snapshot: u64) -> Option<Vec<u8>> {
-        let head = self.find(key)?;
-        head.visible(snapshot)?.value.map(|r| self.values.get(r).to_vec())
+        self.find(key)?.visible_value(snapshot).map(|r| self.values.get(r).to_vec())
     }
 
     /// [`TableData::get`] into the caller's buffer: replaces `out`'s contents with the value
@@ -545,7 +599,7 @@ impl TableData {
     /// allocate nothing.
     pub fn get_into(&self, key: &[u8], snapshot: u64, out: &mut Vec<u8>) -> bool {
         out.clear();
-        match self.find(key).and_then(|head| head.visible(snapshot)).and_then(|v| v.value) {
+        match self.find(key).and_then(|slot| slot.visible_value(snapshot)) {
             Some(r) => {
                 out.extend_from_slice(self.values.get(r));
                 true
@@ -570,10 +624,10 @@ impl TableData {
             }
             for &h in hashes.iter().take(batch.len()) {
                 if let Some(slot) = self.index.likely(h).and_then(|n| self.slots.get(n as usize)) {
-                    touched ^= slot.head.ts as u8;
+                    touched ^= slot.ts as u8;
                 }
             }
-            let mut found = [None::<&Version>; MULTI_GET_BATCH];
+            let mut found = [None::<ValueRef>; MULTI_GET_BATCH];
             for ((f, key), &h) in found.iter_mut().zip(batch).zip(&hashes) {
                 let key = key.as_ref();
                 let slots = &self.slots;
@@ -581,17 +635,15 @@ impl TableData {
                     .index
                     .find(h, |i| slots.get(i as usize).is_some_and(|s| same_key(s.key.as_slice(), key)))
                     .and_then(|n| slots.get(n as usize))
-                    .and_then(|s| s.head.visible(snapshot));
+                    .and_then(|s| s.visible_value(snapshot));
             }
             for f in found.iter().take(batch.len()) {
-                if let Some(r) = f.and_then(|v| v.value) {
+                if let Some(r) = *f {
                     touched ^= self.values.get(r).first().copied().unwrap_or(0);
                 }
             }
             std::hint::black_box(touched);
-            out.extend(
-                found.iter().take(batch.len()).map(|f| f.and_then(|v| v.value).map(|r| self.values.get(r).to_vec())),
-            );
+            out.extend(found.iter().take(batch.len()).map(|f| f.map(|r| self.values.get(r).to_vec())));
         }
     }
 
@@ -616,7 +668,7 @@ impl TableData {
             |i| key_of(slots, i),
             |i| {
                 let Some(slot) = slots.get(i as usize) else { return true };
-                if let Some(r) = slot.head.visible(snapshot).and_then(|v| v.value) {
+                if let Some(r) = slot.visible_value(snapshot) {
                     if out.len() >= limit {
                         more = true;
                         return false;
@@ -729,36 +781,32 @@ impl TableData {
         let mut pushed_candidate = false;
         match found.and_then(|n| self.slots.get_mut(n as usize)) {
             Some(slot) => {
-                let head = &mut slot.head;
-                debug_assert!(head.ts < ts, "versions applied out of order");
-                if let Some(old) = head.value {
+                debug_assert!(slot.ts < ts, "versions applied out of order");
+                if let Some(old) = slot.value {
                     digest.remove(table, key, self.values.get(old));
                     self.live_keys -= 1;
                     self.live_bytes -= (key.len() + old.len()) as u64;
                 }
                 let value = value.map(|v| self.values.alloc(v));
-                let previous = std::mem::replace(head, Version { ts, value, older: None });
-                if previous.value.is_none() && previous.ts <= horizon {
+                if slot.value.is_none() && slot.ts <= horizon {
                     // A deleted key collected as far as anyone can see: no need to keep it.
-                    slot.gc.set_prunable_at(GcState::NEVER);
-                    free_chain(&mut self.values, previous);
-                } else {
-                    if previous.older.is_none() {
-                        // Two versions now: the new head is the second-oldest.
-                        slot.gc.set_prunable_at(ts);
+                    if let Some(history) = slot.older.take() {
+                        free_chain(&mut self.values, history.newest);
                     }
-                    head.older = Some(Box::new(previous));
-                    if horizon >= slot.gc.prunable_at() {
-                        let (_, prunable_at) = head.prune(horizon, &mut self.values);
-                        slot.gc.set_prunable_at(prunable_at);
+                    slot.ts = ts;
+                    slot.value = value;
+                } else {
+                    slot.push_head(ts, value);
+                    if horizon >= slot.prunable_at() {
+                        slot.prune(horizon, &mut self.values);
                     }
                 }
                 // Each key is on the candidate list at most once.
-                pushed_candidate = (head.older.is_some() || head.value.is_none()) && !slot.gc.queued();
+                pushed_candidate = (slot.older.is_some() || slot.value.is_none()) && !slot.queued;
                 if pushed_candidate {
-                    slot.gc.set_queued(true);
+                    slot.queued = true;
                 }
-                if slot.gc.queued() {
+                if slot.queued {
                     self.gc_written_min = self.gc_written_min.min(slot.gc_due_at());
                 }
             }
@@ -767,7 +815,7 @@ impl TableData {
                     return; // Deleting an absent key changes nothing.
                 };
                 let value = Some(self.values.alloc(value));
-                let n = self.insert_new(hash, key, Version { ts, value, older: None });
+                let n = self.insert_new(hash, key, ts, value);
                 match &mut self.order_pending {
                     Some(pending) => pending.push(n),
                     None => {
@@ -789,8 +837,8 @@ impl TableData {
             // A new pass visits every key now on the list, including those written since the
             // last one began.
             self.gc_pass_left = self.gc_candidates.len();
-            self.gc_pass_min = GcState::NEVER;
-            self.gc_written_min = GcState::NEVER;
+            self.gc_pass_min = GC_NEVER;
+            self.gc_written_min = GC_NEVER;
         }
         let take = self.gc_candidates.len().min(budget).min(self.gc_pass_left);
         let batch: Vec<Key> = self.gc_candidates.drain(..take).collect();
@@ -799,17 +847,15 @@ impl TableData {
             let remove = match self.slot_of(key.as_slice()).and_then(|n| self.slots.get_mut(n)) {
                 None => false,
                 Some(slot) => {
-                    slot.gc.set_queued(false);
-                    let head = &mut slot.head;
-                    if horizon >= slot.gc.prunable_at() {
-                        let (_, prunable_at) = head.prune(horizon, &mut self.values);
-                        slot.gc.set_prunable_at(prunable_at);
+                    slot.queued = false;
+                    if horizon >= slot.prunable_at() {
+                        slot.prune(horizon, &mut self.values);
                     }
-                    if head.value.is_none() && head.older.is_none() && head.ts <= horizon {
+                    if slot.value.is_none() && slot.older.is_none() && slot.ts <= horizon {
                         true
                     } else {
-                        if head.older.is_some() || head.value.is_none() {
-                            slot.gc.set_queued(true);
+                        if slot.older.is_some() || slot.value.is_none() {
+                            slot.queued = true;
                             self.gc_pass_min = self.gc_pass_min.min(slot.gc_due_at());
                             keep.push(key.clone());
                         }
@@ -855,7 +901,7 @@ impl TableData {
     /// Every live entry at the newest version (used to update the digest when dropping).
     pub fn for_each_live(&self, mut f: impl FnMut(&[u8], &[u8])) {
         for slot in self.slots.iter() {
-            if let Some(r) = slot.head.value {
+            if let Some(r) = slot.value {
                 f(slot.key.as_slice(), self.values.get(r));
             }
         }
@@ -864,7 +910,7 @@ impl TableData {
     /// Depth of the chain for `key`.
     #[cfg(test)]
     pub fn chain_depth(&self, key: &[u8]) -> usize {
-        self.find(key).map_or(0, Version::depth)
+        self.find(key).map_or(0, Slot::depth)
     }
 }
 
@@ -899,11 +945,7 @@ impl SortedLoad {
         }
         self.hashes.push(data.hash(key));
         let value_ref = data.values.alloc(value);
-        data.slots.push(Slot {
-            key: Key::new(key),
-            head: Version { ts: 0, value: Some(value_ref), older: None },
-            gc: GcState::new(),
-        });
+        data.slots.push(Slot { key: Key::new(key), ts: 0, value: Some(value_ref), queued: false, older: None });
         data.live_keys += 1;
         data.live_bytes += (key.len() + value.len()) as u64;
         Ok(())
@@ -1383,7 +1425,7 @@ mod tests {
         }
         assert_eq!(t.chain_depth(b"k"), 100);
         assert_eq!(t.pending_gc(), 1, "a key is on the collector's list at most once");
-        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(|s| s.gc.prunable_at());
+        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(Slot::prunable_at);
         assert_eq!(slot, Some(2), "the second-oldest version's timestamp");
         // The collector visits it without freeing anything while the horizon stays below 2.
         t.collect(1, 10);
@@ -1391,7 +1433,7 @@ mod tests {
         // The horizon rises to 60: versions 1..59 go, 60 is the oldest, 61 the second-oldest.
         t.collect(60, 10);
         assert_eq!(t.chain_depth(b"k"), 41);
-        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(|s| s.gc.prunable_at());
+        let slot = t.slot_of(b"k").and_then(|n| t.slots.get(n)).map(Slot::prunable_at);
         assert_eq!(slot, Some(61));
         apply(&mut t, b"k", Some(b"x"), 101, 100);
         assert_eq!(t.chain_depth(b"k"), 2, "a write at horizon 100 keeps 100 (visible there) and 101");
@@ -1422,7 +1464,7 @@ mod tests {
         // A chain queued by a write after the pass counts too: "new" is prunable from 62.
         apply(&mut t, b"new", Some(b"a"), 61, 5);
         apply(&mut t, b"new", None, 62, 5);
-        t.gc_next = GcState::NEVER; // as if the pass had kept nothing below 62
+        t.gc_next = GC_NEVER; // as if the pass had kept nothing below 62
         assert!(!t.gc_due(61));
         assert!(t.gc_due(62), "a chain written after the pass is not forgotten");
         t.gc_next = 11;
@@ -1509,6 +1551,13 @@ mod tests {
         assert_eq!(std::mem::size_of::<Key>(), 24);
     }
 
+    /// A key's fixed memory is mostly its slot: a change that grows it shows up here first.
+    #[test]
+    fn a_slot_is_56_bytes_and_a_value_reference_needs_no_tag() {
+        assert_eq!(std::mem::size_of::<Option<ValueRef>>(), 12);
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
+    }
+
     /// The hash table grows by a rebuild from the slab, which must skip the slots freed by
     /// collected deletes (an empty key there would otherwise be found) and keep every live
     /// key reachable, through several growths with slots reused in between.
@@ -1553,13 +1602,7 @@ mod tests {
         use std::hash::BuildHasher;
         let hasher = foldhash::fast::RandomState::default();
         let n = 5_000usize;
-        let slots: Vec<Slot> = (0..n)
-            .map(|i| Slot {
-                key: Key::new(format!("key-{i}").as_bytes()),
-                head: Version { ts: 1, value: None, older: None },
-                gc: GcState::new(),
-            })
-            .collect();
+        let slots: Vec<Slot> = (0..n).map(|i| Slot::new(format!("key-{i}").as_bytes(), 1, None)).collect();
         let hashes: Vec<u64> = slots.iter().map(|s| hasher.hash_one(s.key.as_slice())).collect();
         let free: Vec<bool> = (0..n).map(|i| i % 7 == 3).collect();
         for capacity in [n, 1 << 20] {

@@ -33,6 +33,7 @@
 //! reached 2 MiB chunks, the pool holds at least [`POOL_READY`] and at most [`POOL_MAX`]
 //! chunks (2 MiB each, counting those dropped tables returned) for the process's life.
 
+use std::num::NonZeroU32;
 use std::sync::{Condvar, Mutex, OnceLock};
 
 use allocator_api2::vec::Vec as AllocVec;
@@ -62,17 +63,29 @@ const CLASSES: usize = SMALL_MAX / GRAIN;
 const NIL: u64 = u64::MAX;
 
 /// The chunk number of empty values, which take no block.
-const EMPTY: u32 = u32::MAX;
+const EMPTY: u32 = u32::MAX - 1;
 
-/// Where a value's bytes are: chunk, offset within it, and length.
+/// Where a value's bytes are: chunk, offset within it, and length. The chunk number is kept
+/// plus one, in a `NonZeroU32`, so that `Option<ValueRef>` (a version's value or tombstone)
+/// takes 12 bytes, not 16: a key's slot is 56 bytes with it (`index.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ValueRef {
-    chunk: u32,
+    chunk_id: NonZeroU32,
     offset: u32,
     len: u32,
 }
 
 impl ValueRef {
+    /// `len` bytes at `offset` in chunk `chunk` (at most [`EMPTY`]: chunk numbers stay below it,
+    /// since each chunk holds at least one value of memory).
+    fn at(chunk: u32, offset: u32, len: u32) -> ValueRef {
+        ValueRef { chunk_id: NonZeroU32::new(chunk.wrapping_add(1)).unwrap_or(NonZeroU32::MAX), offset, len }
+    }
+
+    fn chunk(self) -> u32 {
+        self.chunk_id.get() - 1
+    }
+
     pub fn len(self) -> usize {
         self.len as usize
     }
@@ -245,7 +258,7 @@ impl ValueArena {
     pub fn alloc(&mut self, value: &[u8]) -> ValueRef {
         let len = value.len();
         if len == 0 {
-            return ValueRef { chunk: EMPTY, offset: 0, len: 0 };
+            return ValueRef::at(EMPTY, 0, 0);
         }
         let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         if len > SMALL_MAX {
@@ -262,7 +275,7 @@ impl ValueArena {
                     (self.chunks.len() - 1) as u32
                 }
             };
-            return ValueRef { chunk: n, offset: 0, len: len32 };
+            return ValueRef::at(n, 0, len32);
         }
         let (block, class) = block_of(len);
         if let Some(r) = self.take_free(class, value, len32) {
@@ -290,11 +303,11 @@ impl ValueArena {
             .and_then(|b| b.get_mut(..len));
         debug_assert!(dst.is_some(), "the chunk has room for the block");
         let Some(dst) = dst else {
-            return ValueRef { chunk: EMPTY, offset: 0, len: 0 }; // unreachable: room was checked
+            return ValueRef::at(EMPTY, 0, 0); // unreachable: room was checked
         };
         dst.copy_from_slice(value);
         self.used += block;
-        ValueRef { chunk: self.current, offset: offset as u32, len: len32 }
+        ValueRef::at(self.current, offset as u32, len32)
     }
 
     /// A block from `class`'s free list, filled with `value`.
@@ -311,26 +324,29 @@ impl ValueArena {
         if let Some(h) = self.free.get_mut(class) {
             *h = next;
         }
-        Some(ValueRef { chunk, offset, len })
+        Some(ValueRef::at(chunk, offset, len))
     }
 
     /// The bytes of `r` (empty if `r` names nothing here, which is a bug of the caller).
     #[inline]
     pub fn get(&self, r: ValueRef) -> &[u8] {
         let start = r.offset as usize;
-        self.chunks.get(r.chunk as usize).and_then(|c| c.bytes().get(start..start + r.len as usize)).unwrap_or_default()
+        self.chunks
+            .get(r.chunk() as usize)
+            .and_then(|c| c.bytes().get(start..start + r.len as usize))
+            .unwrap_or_default()
     }
 
     /// Gives `r`'s bytes back. Each reference must be freed at most once.
     pub fn free(&mut self, r: ValueRef) {
         let len = r.len as usize;
-        if len == 0 || r.chunk == EMPTY {
+        if len == 0 || r.chunk() == EMPTY {
             return;
         }
         if len > SMALL_MAX {
-            if let Some(c) = self.chunks.get_mut(r.chunk as usize) {
+            if let Some(c) = self.chunks.get_mut(r.chunk() as usize) {
                 *c = Chunk::empty();
-                self.spare.push(r.chunk);
+                self.spare.push(r.chunk());
             }
             return;
         }
@@ -341,13 +357,13 @@ impl ValueArena {
         let Some(head) = self.free.get_mut(class) else { return };
         let start = r.offset as usize;
         let Some(bytes) =
-            self.chunks.get_mut(r.chunk as usize).and_then(|c| c.bytes_mut().get_mut(start..start + block))
+            self.chunks.get_mut(r.chunk() as usize).and_then(|c| c.bytes_mut().get_mut(start..start + block))
         else {
             return;
         };
         if let Some(first) = bytes.first_chunk_mut::<8>() {
             *first = head.to_le_bytes();
-            *head = link(r.chunk, r.offset);
+            *head = link(r.chunk(), r.offset);
         }
     }
 
@@ -382,23 +398,23 @@ mod tests {
         assert_eq!(a.get(r2), &value(2, 100)[..], "freeing one block leaves its neighbour alone");
         // 97..=100 bytes share r1's class: the next such value takes its block.
         let r3 = a.alloc(&value(3, 97));
-        assert_eq!((r3.chunk, r3.offset), (r1.chunk, r1.offset));
+        assert_eq!((r3.chunk(), r3.offset), (r1.chunk(), r1.offset));
         assert_eq!(a.get(r3), &value(3, 97)[..]);
         // Another class does not.
         let r4 = a.alloc(&value(4, 40));
-        assert_ne!((r4.chunk, r4.offset), (r1.chunk, r1.offset));
+        assert_ne!((r4.chunk(), r4.offset), (r1.chunk(), r1.offset));
         assert_eq!(a.get(r2), &value(2, 100)[..]);
         // The newest block, whose value ends short of the block's end, is reused too.
         let last = a.alloc(&value(5, 97));
         a.free(last);
         let again = a.alloc(&value(6, 99));
-        assert_eq!((again.chunk, again.offset), (last.chunk, last.offset));
+        assert_eq!((again.chunk(), again.offset), (last.chunk(), last.offset));
         assert_eq!(a.get(again), &value(6, 99)[..]);
         // 101 bytes is the next class: a block of 104.
         let next_class = a.alloc(&value(7, 101));
         a.free(next_class);
         let r5 = a.alloc(&value(8, 100));
-        assert_ne!((r5.chunk, r5.offset), (next_class.chunk, next_class.offset));
+        assert_ne!((r5.chunk(), r5.offset), (next_class.chunk(), next_class.offset));
         assert_eq!(a.get(r5), &value(8, 100)[..]);
     }
 
@@ -419,9 +435,9 @@ mod tests {
         a.free(tiny);
         a.free(other);
         let back = a.alloc(&value(5, 7));
-        assert_eq!((back.chunk, back.offset), (other.chunk, other.offset), "last freed, first reused");
+        assert_eq!((back.chunk(), back.offset), (other.chunk(), other.offset), "last freed, first reused");
         let back2 = a.alloc(&value(6, 2));
-        assert_eq!((back2.chunk, back2.offset), (tiny.chunk, tiny.offset));
+        assert_eq!((back2.chunk(), back2.offset), (tiny.chunk(), tiny.offset));
         assert_eq!(a.get(back), &value(5, 7)[..]);
         assert_eq!(a.get(back2), &value(6, 2)[..]);
         assert_eq!(a.get(r1), &value(1, 100)[..]);
@@ -439,7 +455,7 @@ mod tests {
         assert_eq!(a.get(r), b"", "a freed long value's chunk is gone");
         let huge = value(10, 3 << 20);
         let r2 = a.alloc(&huge);
-        assert_eq!(r2.chunk, r.chunk, "its number is reused");
+        assert_eq!(r2.chunk(), r.chunk(), "its number is reused");
         assert_eq!(a.get(r2), &huge[..]);
         assert_eq!(a.get(small), &value(1, 8)[..]);
     }
@@ -449,8 +465,8 @@ mod tests {
         let mut a = ValueArena::default();
         let first = FIRST_CHUNK / 1024;
         let refs: Vec<ValueRef> = (0..20_000u64).map(|i| a.alloc(&value(i, 1020))).collect();
-        assert_eq!(refs[first - 1].chunk, refs[0].chunk);
-        assert_ne!(refs[first].chunk, refs[0].chunk, "a full chunk starts another");
+        assert_eq!(refs[first - 1].chunk(), refs[0].chunk());
+        assert_ne!(refs[first].chunk(), refs[0].chunk(), "a full chunk starts another");
         let sizes: Vec<usize> = a.chunks.iter().map(|c| c.capacity()).collect();
         assert_eq!(sizes[..3], [FIRST_CHUNK, FIRST_CHUNK, 2 * FIRST_CHUNK]);
         assert!(sizes.iter().all(|&s| s <= CHUNK));
