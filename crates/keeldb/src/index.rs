@@ -166,7 +166,7 @@ fn free_chain(values: &mut ValueArena, v: Version) {
 
 /// A horizon no collection reaches: the chain has no second version (timestamps stay below
 /// 2^63).
-pub(crate) const GC_NEVER: u64 = (1 << 63) - 1;
+const GC_NEVER: u64 = (1 << 63) - 1;
 
 impl Version {
     /// The version visible at `snapshot`: the newest with `ts <= snapshot`.
@@ -184,8 +184,7 @@ impl Version {
     /// timestamp of the version just newer than this one. Returns the chain's new
     /// [`History::prunable_at`]: the timestamp of its second-oldest version (pruning frees
     /// something only once the horizon reaches it).
-    fn prune(&mut self, horizon: u64, newer_ts: u64, values: &mut ValueArena) -> u64 {
-        let mut newer_ts = newer_ts;
+    fn prune(&mut self, horizon: u64, mut newer_ts: u64, values: &mut ValueArena) -> u64 {
         let mut v = self;
         loop {
             if v.ts <= horizon {
@@ -945,7 +944,7 @@ impl SortedLoad {
         }
         self.hashes.push(data.hash(key));
         let value_ref = data.values.alloc(value);
-        data.slots.push(Slot { key: Key::new(key), ts: 0, value: Some(value_ref), queued: false, older: None });
+        data.slots.push(Slot::new(key, 0, Some(value_ref)));
         data.live_keys += 1;
         data.live_bytes += (key.len() + value.len()) as u64;
         Ok(())

@@ -76,8 +76,8 @@ pub(crate) struct ValueRef {
 }
 
 impl ValueRef {
-    /// `len` bytes at `offset` in chunk `chunk` (at most [`EMPTY`]: chunk numbers stay below it,
-    /// since each chunk holds at least one value of memory).
+    /// `len` bytes at `offset` in chunk `chunk`, a chunk number or [`EMPTY`] (chunk numbers stay
+    /// far below it: each chunk holds over 1 KiB of memory).
     fn at(chunk: u32, offset: u32, len: u32) -> ValueRef {
         ValueRef { chunk_id: NonZeroU32::new(chunk.wrapping_add(1)).unwrap_or(NonZeroU32::MAX), offset, len }
     }
