@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 
 use crate::digest::StateDigest;
 use crate::huge::HugePages;
-use crate::order::{prefix, SlotOrder};
+use crate::order::{prefix, Prefix, SlotOrder};
 use crate::slot_table::SlotTable;
 use crate::value_arena::{ValueArena, ValueRef};
 
@@ -574,12 +574,15 @@ impl TableData {
             }
         } else {
             // Two sorted runs, merged into a new order built front to back. Both carry their
-            // keys' prefixes: the slab is read only where two prefixes tie.
+            // keys' leading bytes: the slab is read only where those tie.
             let old = std::mem::take(&mut self.order);
             let mut held = old.entries().peekable();
-            let mut added = keyed.into_iter().peekable();
+            let mut added = keyed.into_iter().map(|(p, n)| (Prefix::exact(p), n)).peekable();
             let merged = std::iter::from_fn(|| match (held.peek(), added.peek()) {
-                (Some(&(ph, h)), Some(&(pn, n))) if ph < pn || (ph == pn && key_of(slots, h) < key_of(slots, n)) => {
+                (Some(&(ph, h)), Some(&(pn, n)))
+                    if ph.order(pn).unwrap_or_else(|| key_of(slots, h).cmp(key_of(slots, n)))
+                        == std::cmp::Ordering::Less =>
+                {
                     held.next()
                 }
                 (Some(_), Some(_)) | (None, _) => added.next(),
@@ -966,7 +969,7 @@ impl SortedLoad {
             fill_index(index, slots, &hashes, hashes.len(), &[]);
         }
         let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-        *order = SlotOrder::from_sorted((0..n).map(|i| (prefix(key_of(slots, i)), i)), |i| key_of(slots, i));
+        *order = SlotOrder::from_sorted((0..n).map(|i| (Prefix::of(key_of(slots, i)), i)), |i| key_of(slots, i));
         data
     }
 }
