@@ -293,7 +293,11 @@ pub(crate) fn decode_header(header: &[u8]) -> std::result::Result<Header, (u64, 
         1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
         _ => return fail(40, "bad applied-position flag in checkpoint header"),
     };
-    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts: le_u64(header, 16).unwrap_or(0), applied })
+    let ts = le_u64(header, 16).unwrap_or(0);
+    if ts > crate::index::MAX_TS {
+        return fail(16, &format!("checkpoint timestamp {ts} above the largest a store uses"));
+    }
+    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts, applied })
 }
 
 /// Whether the 8 bytes at a block boundary start the footer rather than a block. A block's
@@ -724,6 +728,21 @@ mod tests {
         let bytes = read_all(StdFs.open(&path, OpenMode::Read).expect("open").as_ref()).expect("read");
         let summary = read_checkpoint(&bytes, &mut Collect::default()).expect("valid");
         assert_eq!((summary.ts, summary.applied), (9, Some(LogPosition::new(41, 3))));
+    }
+
+    /// A header whose checksum matches but whose timestamp no store reaches is refused: a slot
+    /// keeps the collector's flag in the bit above the largest timestamp (`index::MAX_TS`).
+    #[test]
+    fn a_timestamp_above_the_largest_is_refused() {
+        for (ts, ok) in [(crate::index::MAX_TS, true), (crate::index::MAX_TS + 1, false), (u64::MAX, false)] {
+            let mut header = encode_header(2, ts, None);
+            let crc = crc32c::crc32c(&header[..60]);
+            header[60..64].copy_from_slice(&crc.to_le_bytes());
+            match decode_header(&header) {
+                Ok(h) => assert!(ok && h.ts == ts, "ts {ts} accepted"),
+                Err((at, why)) => assert!(!ok && at == 16 && why.contains("timestamp"), "ts {ts}: {why} at {at}"),
+            }
+        }
     }
 
     #[test]

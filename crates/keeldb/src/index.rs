@@ -165,8 +165,14 @@ fn free_chain(values: &mut ValueArena, v: Version) {
 }
 
 /// A horizon no collection reaches: the chain has no second version (timestamps stay below
-/// 2^63).
+/// it: [`MAX_TS`]).
 const GC_NEVER: u64 = (1 << 63) - 1;
+
+/// The largest commit timestamp a store accepts. Recovery refuses a checkpoint or log frame
+/// above it as corrupt: a slot keeps the collector's flag in the bit above it (`QUEUED`), and
+/// `GC_NEVER` must stay out of reach. The sequencer counts up by one from 0, so it would take
+/// 2^63 commits to get here.
+pub(crate) const MAX_TS: u64 = GC_NEVER - 1;
 
 impl Version {
     /// The version visible at `snapshot`: the newest with `ts <= snapshot`.
@@ -248,23 +254,26 @@ impl std::ops::DerefMut for Slots {
 /// A key and its versions, newest first: the newest (the head) inline, the older ones in a
 /// boxed [`History`] that most keys never have. Free slots have an empty key and no value.
 ///
-/// 56 bytes (key 24, head timestamp 8, head value 12, the collector's flag in what would be
-/// padding, history 8): the slab is most of a key's fixed memory, so every field is here only
-/// because a read or a write of most keys needs it. What only chains with history need (the
-/// collector's horizon) lives in the history's box. In this order (`repr(C)`), what a read
-/// touches (key, timestamp, value) is the first 44 bytes.
+/// 48 bytes (key 24, head timestamp and the collector's flag 8, head value 8, history 8): the
+/// slab is most of a key's fixed memory, so every field is here only because a read or a
+/// write of most keys needs it. What only chains with history need (the collector's horizon)
+/// lives in the history's box. In this order (`repr(C)`), what a read touches (key, timestamp,
+/// value) is the first 40 bytes.
 #[derive(Debug)]
 #[repr(C)]
 struct Slot {
     key: Key,
-    /// The head's commit timestamp.
-    ts: u64,
+    /// The head's commit timestamp, and in the top bit ([`QUEUED`]) whether the key is on the
+    /// collector's candidate list (each key is on it at most once). Timestamps stay below
+    /// [`GC_NEVER`], so the bit is never a timestamp's.
+    stamp: u64,
     /// The head's value; `None` is a tombstone.
     value: Option<ValueRef>,
-    /// The key is on the collector's candidate list (each key is on it at most once).
-    queued: bool,
     older: Option<Box<History>>,
 }
+
+/// The collector's flag in [`Slot::stamp`].
+const QUEUED: u64 = 1 << 63;
 
 /// The versions of a key below its head, and what the collector needs without walking them:
 /// without `prunable_at` every write (and every collector visit) walked the whole chain, and
@@ -280,7 +289,28 @@ struct History {
 
 impl Slot {
     fn new(key: &[u8], ts: u64, value: Option<ValueRef>) -> Slot {
-        Slot { key: Key::new(key), ts, value, queued: false, older: None }
+        debug_assert!(ts <= GC_NEVER, "a timestamp in the collector's flag bit");
+        Slot { key: Key::new(key), stamp: ts & !QUEUED, value, older: None }
+    }
+
+    /// The head's commit timestamp.
+    #[inline]
+    fn ts(&self) -> u64 {
+        self.stamp & !QUEUED
+    }
+
+    fn set_ts(&mut self, ts: u64) {
+        debug_assert!(ts <= GC_NEVER, "a timestamp in the collector's flag bit");
+        self.stamp = (self.stamp & QUEUED) | (ts & !QUEUED);
+    }
+
+    /// Whether the key is on the collector's candidate list.
+    fn queued(&self) -> bool {
+        self.stamp & QUEUED != 0
+    }
+
+    fn set_queued(&mut self, queued: bool) {
+        self.stamp = if queued { self.stamp | QUEUED } else { self.stamp & !QUEUED };
     }
 
     fn vacant() -> Slot {
@@ -291,7 +321,7 @@ impl Slot {
     /// one is a tombstone.
     #[inline]
     fn visible_value(&self, snapshot: u64) -> Option<ValueRef> {
-        if self.ts <= snapshot {
+        if self.ts() <= snapshot {
             return self.value;
         }
         self.older.as_deref()?.newest.visible(snapshot)?.value
@@ -306,7 +336,7 @@ impl Slot {
     /// second-oldest version's timestamp on, or removing a lone tombstone from its own.
     fn gc_due_at(&self) -> u64 {
         if self.value.is_none() && self.older.is_none() {
-            self.ts
+            self.ts()
         } else {
             self.prunable_at()
         }
@@ -315,7 +345,7 @@ impl Slot {
     /// Makes `(ts, value)` the head; the old head becomes the newest older version. Called
     /// with the old head's value already accounted for by the caller; frees nothing.
     fn push_head(&mut self, ts: u64, value: Option<ValueRef>) {
-        let below = Version { ts: self.ts, value: self.value, older: None };
+        let below = Version { ts: self.ts(), value: self.value, older: None };
         match self.older.as_deref_mut() {
             // Two versions now: the new head is the second-oldest.
             None => self.older = Some(Box::new(History { prunable_at: ts, newest: below })),
@@ -324,18 +354,19 @@ impl Slot {
                 history.newest.older = Some(Box::new(older));
             }
         }
-        self.ts = ts;
+        self.set_ts(ts);
         self.value = value;
     }
 
     /// Drops every version older than the one visible at `horizon`.
     fn prune(&mut self, horizon: u64, values: &mut ValueArena) {
-        if self.ts <= horizon {
+        let ts = self.ts();
+        if ts <= horizon {
             if let Some(history) = self.older.take() {
                 free_chain(values, history.newest);
             }
         } else if let Some(history) = self.older.as_deref_mut() {
-            history.prunable_at = history.newest.prune(horizon, self.ts, values);
+            history.prunable_at = history.newest.prune(horizon, ts, values);
         }
     }
 
@@ -626,7 +657,7 @@ impl TableData {
             }
             for &h in hashes.iter().take(batch.len()) {
                 if let Some(slot) = self.index.likely(h).and_then(|n| self.slots.get(n as usize)) {
-                    touched ^= slot.ts as u8;
+                    touched ^= slot.stamp as u8;
                 }
             }
             let mut found = [None::<ValueRef>; MULTI_GET_BATCH];
@@ -652,7 +683,7 @@ impl TableData {
     /// Newest commit timestamp that wrote `key`, visible or not.
     #[cfg(test)]
     pub fn head_ts(&self, key: &[u8]) -> Option<u64> {
-        self.find(key).map(|v| v.ts)
+        self.find(key).map(Slot::ts)
     }
 
     /// Up to `limit` visible entries of `range` at `snapshot`, in order (or reverse order).
@@ -783,19 +814,19 @@ impl TableData {
         let mut pushed_candidate = false;
         match found.and_then(|n| self.slots.get_mut(n as usize)) {
             Some(slot) => {
-                debug_assert!(slot.ts < ts, "versions applied out of order");
+                debug_assert!(slot.ts() < ts, "versions applied out of order");
                 if let Some(old) = slot.value {
                     digest.remove(table, key, self.values.get(old));
                     self.live_keys -= 1;
-                    self.live_bytes -= (key.len() + old.len()) as u64;
+                    self.live_bytes -= (key.len() + self.values.get(old).len()) as u64;
                 }
                 let value = value.map(|v| self.values.alloc(v));
-                if slot.value.is_none() && slot.ts <= horizon {
+                if slot.value.is_none() && slot.ts() <= horizon {
                     // A deleted key collected as far as anyone can see: no need to keep it.
                     if let Some(history) = slot.older.take() {
                         free_chain(&mut self.values, history.newest);
                     }
-                    slot.ts = ts;
+                    slot.set_ts(ts);
                     slot.value = value;
                 } else {
                     slot.push_head(ts, value);
@@ -804,11 +835,11 @@ impl TableData {
                     }
                 }
                 // Each key is on the candidate list at most once.
-                pushed_candidate = (slot.older.is_some() || slot.value.is_none()) && !slot.queued;
+                pushed_candidate = (slot.older.is_some() || slot.value.is_none()) && !slot.queued();
                 if pushed_candidate {
-                    slot.queued = true;
+                    slot.set_queued(true);
                 }
-                if slot.queued {
+                if slot.queued() {
                     self.gc_written_min = self.gc_written_min.min(slot.gc_due_at());
                 }
             }
@@ -849,15 +880,15 @@ impl TableData {
             let remove = match self.slot_of(key.as_slice()).and_then(|n| self.slots.get_mut(n)) {
                 None => false,
                 Some(slot) => {
-                    slot.queued = false;
+                    slot.set_queued(false);
                     if horizon >= slot.prunable_at() {
                         slot.prune(horizon, &mut self.values);
                     }
-                    if slot.value.is_none() && slot.older.is_none() && slot.ts <= horizon {
+                    if slot.value.is_none() && slot.older.is_none() && slot.ts() <= horizon {
                         true
                     } else {
                         if slot.older.is_some() || slot.value.is_none() {
-                            slot.queued = true;
+                            slot.set_queued(true);
                             self.gc_pass_min = self.gc_pass_min.min(slot.gc_due_at());
                             keep.push(key.clone());
                         }
@@ -1555,9 +1586,9 @@ mod tests {
 
     /// A key's fixed memory is mostly its slot: a change that grows it shows up here first.
     #[test]
-    fn a_slot_is_56_bytes_and_a_value_reference_needs_no_tag() {
-        assert_eq!(std::mem::size_of::<Option<ValueRef>>(), 12);
-        assert_eq!(std::mem::size_of::<Slot>(), 56);
+    fn a_slot_is_48_bytes_and_a_value_reference_needs_no_tag() {
+        assert_eq!(std::mem::size_of::<Option<ValueRef>>(), 8);
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
     }
 
     /// The hash table grows by a rebuild from the slab, which must skip the slots freed by

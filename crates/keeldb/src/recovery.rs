@@ -751,6 +751,13 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
                 })?;
                 let rec_ops = ops.get(rec.ops.clone()).unwrap_or_default();
                 let ts = frame.header.ts;
+                if ts > crate::index::MAX_TS {
+                    return Err(Error::corruption(
+                        &path,
+                        frame.offset,
+                        format!("commit ts {ts} above the largest a store uses"),
+                    ));
+                }
                 let next = expected_ts.unwrap_or(1);
                 if rec.kind == wal::KIND_MARK {
                     if ts + 1 != next {
@@ -1281,6 +1288,48 @@ mod checkpoint_load_tests {
                     assert_eq!(got, plain_error(damaged), "{case}, window {window}");
                     assert_eq!(state.catalog.all().len(), 0);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod timestamp_tests {
+    use crate::wal::{encode_frame, scan_segment, SEGMENT_HEADER_BYTES};
+    use crate::{Database, Options};
+
+    /// A log frame whose checksums match but whose timestamp is above `index::MAX_TS` is
+    /// refused as corruption, naming the timestamp: a slot keeps the collector's flag in the
+    /// bit above it, and a mark frame at `u64::MAX` overflowed the sequence check.
+    #[test]
+    fn a_frame_timestamp_above_the_largest_is_refused_as_corruption() {
+        for ts in [crate::index::MAX_TS + 1, u64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s");
+            let db = Database::open(&path, Options::default()).unwrap();
+            let mut tx = db.begin_write().unwrap();
+            tx.put("t", b"k", b"v").unwrap();
+            tx.commit().unwrap();
+            db.close().unwrap();
+            let segment = std::fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().and_then(|n| n.to_str()).and_then(crate::files::parse_segment_name).is_some())
+                .unwrap();
+            let bytes = std::fs::read(&segment).unwrap();
+            let header = crate::wal::decode_segment_header(&bytes).unwrap();
+            let scan = scan_segment(&bytes, header.start_lsn);
+            let mut out = bytes[..SEGMENT_HEADER_BYTES as usize].to_vec();
+            for (i, frame) in scan.frames.iter().enumerate() {
+                let h = &frame.header;
+                let frame_ts = if i + 1 == scan.frames.len() { ts } else { h.ts };
+                encode_frame(&mut out, h.lsn, h.durable_lsn, frame_ts, frame.payload, h.payload_crc);
+            }
+            std::fs::write(&segment, &out).unwrap();
+            match Database::open(&path, Options::default()) {
+                Ok(_) => panic!("a frame at ts {ts} was accepted"),
+                Err(err) => assert!(err.to_string().contains("above the largest"), "ts {ts}: {err}"),
             }
         }
     }

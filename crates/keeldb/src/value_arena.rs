@@ -65,29 +65,55 @@ const NIL: u64 = u64::MAX;
 /// The chunk number of empty values, which take no block.
 const EMPTY: u32 = u32::MAX - 1;
 
-/// Where a value's bytes are: chunk, offset within it, and length. The chunk number is kept
-/// plus one, in a `NonZeroU32`, so that `Option<ValueRef>` (a version's value or tombstone)
-/// takes 12 bytes, not 16: a key's slot is 56 bytes with it (`index.rs`).
+/// Where a value's bytes are, in 8 bytes: its chunk, and within it the value's offset and
+/// length. The chunk number is kept plus one, in a `NonZeroU32`, so that `Option<ValueRef>` (a
+/// version's value or tombstone) needs no tag. A small value's offset (below 2 MiB, 21 bits)
+/// and length (at most [`SMALL_MAX`], 11 bits) share the second word; a long value has its
+/// chunk to itself, so that word only says so ([`LONG`]) and the chunk's length is the
+/// value's. At 12 bytes (a word each) a key's slot was 56 bytes; at 8 it is 48 (`index.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ValueRef {
     chunk_id: NonZeroU32,
-    offset: u32,
-    len: u32,
+    place: u32,
 }
 
+/// Bits of [`ValueRef::place`] that hold a small value's length.
+const LEN_BITS: u32 = 11;
+/// The `place` of a long value. No small value has it: offsets are multiples of [`GRAIN`].
+const LONG: u32 = u32::MAX;
+
+const _: () = assert!(SMALL_MAX < 1 << LEN_BITS && CHUNK <= 1 << (32 - LEN_BITS));
+
 impl ValueRef {
-    /// `len` bytes at `offset` in chunk `chunk`, a chunk number or [`EMPTY`] (chunk numbers stay
-    /// far below it: each chunk holds over 1 KiB of memory).
+    /// A small value: `len` (at most [`SMALL_MAX`]) bytes at `offset` (below [`CHUNK`]) in
+    /// chunk `chunk`, a chunk number or [`EMPTY`] (chunk numbers stay far below it: each
+    /// chunk holds over 1 KiB of memory).
     fn at(chunk: u32, offset: u32, len: u32) -> ValueRef {
-        ValueRef { chunk_id: NonZeroU32::new(chunk.wrapping_add(1)).unwrap_or(NonZeroU32::MAX), offset, len }
+        ValueRef::new(chunk, offset << LEN_BITS | len)
+    }
+
+    /// The long value that fills chunk `chunk`.
+    fn long(chunk: u32) -> ValueRef {
+        ValueRef::new(chunk, LONG)
+    }
+
+    fn new(chunk: u32, place: u32) -> ValueRef {
+        ValueRef { chunk_id: NonZeroU32::new(chunk.wrapping_add(1)).unwrap_or(NonZeroU32::MAX), place }
     }
 
     fn chunk(self) -> u32 {
         self.chunk_id.get() - 1
     }
 
-    pub fn len(self) -> usize {
-        self.len as usize
+    #[cfg(test)]
+    fn offset(self) -> u32 {
+        self.small().map_or(0, |(offset, _)| offset as u32)
+    }
+
+    /// A small value's offset and length; `None` for a long value.
+    fn small(self) -> Option<(usize, usize)> {
+        (self.place != LONG)
+            .then_some(((self.place >> LEN_BITS) as usize, (self.place & ((1 << LEN_BITS) - 1)) as usize))
     }
 }
 
@@ -262,7 +288,6 @@ impl ValueArena {
         if len == 0 {
             return ValueRef::at(EMPTY, 0, 0);
         }
-        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         if len > SMALL_MAX {
             let chunk = Chunk::Plain(value.to_vec());
             let n = match self.spare.pop() {
@@ -277,9 +302,10 @@ impl ValueArena {
                     (self.chunks.len() - 1) as u32
                 }
             };
-            return ValueRef::at(n, 0, len32);
+            return ValueRef::long(n);
         }
         let (block, class) = block_of(len);
+        let len32 = len as u32; // at most SMALL_MAX
         if let Some(r) = self.take_free(class, value, len32) {
             return r;
         }
@@ -332,24 +358,26 @@ impl ValueArena {
     /// The bytes of `r` (empty if `r` names nothing here, which is a bug of the caller).
     #[inline]
     pub fn get(&self, r: ValueRef) -> &[u8] {
-        let start = r.offset as usize;
-        self.chunks
-            .get(r.chunk() as usize)
-            .and_then(|c| c.bytes().get(start..start + r.len as usize))
-            .unwrap_or_default()
+        let Some(chunk) = self.chunks.get(r.chunk() as usize) else { return &[] };
+        match r.small() {
+            Some((start, len)) => chunk.bytes().get(start..start + len).unwrap_or_default(),
+            None => chunk.bytes(),
+        }
     }
 
     /// Gives `r`'s bytes back. Each reference must be freed at most once.
     pub fn free(&mut self, r: ValueRef) {
-        let len = r.len as usize;
-        if len == 0 || r.chunk() == EMPTY {
+        if r.chunk() == EMPTY {
             return;
         }
-        if len > SMALL_MAX {
+        let Some((start, len)) = r.small() else {
             if let Some(c) = self.chunks.get_mut(r.chunk() as usize) {
                 *c = Chunk::empty();
                 self.spare.push(r.chunk());
             }
+            return;
+        };
+        if len == 0 {
             return;
         }
         let (block, class) = block_of(len);
@@ -357,7 +385,6 @@ impl ValueArena {
             self.free = vec![NIL; CLASSES];
         }
         let Some(head) = self.free.get_mut(class) else { return };
-        let start = r.offset as usize;
         let Some(bytes) =
             self.chunks.get_mut(r.chunk() as usize).and_then(|c| c.bytes_mut().get_mut(start..start + block))
         else {
@@ -365,7 +392,7 @@ impl ValueArena {
         };
         if let Some(first) = bytes.first_chunk_mut::<8>() {
             *first = head.to_le_bytes();
-            *head = link(r.chunk(), r.offset);
+            *head = link(r.chunk(), start as u32);
         }
     }
 
@@ -400,23 +427,23 @@ mod tests {
         assert_eq!(a.get(r2), &value(2, 100)[..], "freeing one block leaves its neighbour alone");
         // 97..=100 bytes share r1's class: the next such value takes its block.
         let r3 = a.alloc(&value(3, 97));
-        assert_eq!((r3.chunk(), r3.offset), (r1.chunk(), r1.offset));
+        assert_eq!((r3.chunk(), r3.offset()), (r1.chunk(), r1.offset()));
         assert_eq!(a.get(r3), &value(3, 97)[..]);
         // Another class does not.
         let r4 = a.alloc(&value(4, 40));
-        assert_ne!((r4.chunk(), r4.offset), (r1.chunk(), r1.offset));
+        assert_ne!((r4.chunk(), r4.offset()), (r1.chunk(), r1.offset()));
         assert_eq!(a.get(r2), &value(2, 100)[..]);
         // The newest block, whose value ends short of the block's end, is reused too.
         let last = a.alloc(&value(5, 97));
         a.free(last);
         let again = a.alloc(&value(6, 99));
-        assert_eq!((again.chunk(), again.offset), (last.chunk(), last.offset));
+        assert_eq!((again.chunk(), again.offset()), (last.chunk(), last.offset()));
         assert_eq!(a.get(again), &value(6, 99)[..]);
         // 101 bytes is the next class: a block of 104.
         let next_class = a.alloc(&value(7, 101));
         a.free(next_class);
         let r5 = a.alloc(&value(8, 100));
-        assert_ne!((r5.chunk(), r5.offset), (next_class.chunk(), next_class.offset));
+        assert_ne!((r5.chunk(), r5.offset()), (next_class.chunk(), next_class.offset()));
         assert_eq!(a.get(r5), &value(8, 100)[..]);
     }
 
@@ -431,15 +458,15 @@ mod tests {
         let mut a = ValueArena::default();
         let r1 = a.alloc(&value(1, 100));
         let r2 = a.alloc(&value(2, 100));
-        assert_eq!(r2.offset - r1.offset, 100);
+        assert_eq!(r2.offset() - r1.offset(), 100);
         let tiny = a.alloc(&value(3, 1));
         let other = a.alloc(&value(4, 5));
         a.free(tiny);
         a.free(other);
         let back = a.alloc(&value(5, 7));
-        assert_eq!((back.chunk(), back.offset), (other.chunk(), other.offset), "last freed, first reused");
+        assert_eq!((back.chunk(), back.offset()), (other.chunk(), other.offset()), "last freed, first reused");
         let back2 = a.alloc(&value(6, 2));
-        assert_eq!((back2.chunk(), back2.offset), (tiny.chunk(), tiny.offset));
+        assert_eq!((back2.chunk(), back2.offset()), (tiny.chunk(), tiny.offset()));
         assert_eq!(a.get(back), &value(5, 7)[..]);
         assert_eq!(a.get(back2), &value(6, 2)[..]);
         assert_eq!(a.get(r1), &value(1, 100)[..]);
