@@ -293,11 +293,19 @@ pub(crate) fn decode_header(header: &[u8]) -> std::result::Result<Header, (u64, 
         1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
         _ => return fail(40, "bad applied-position flag in checkpoint header"),
     };
-    let ts = le_u64(header, 16).unwrap_or(0);
-    if ts > crate::index::MAX_TS {
-        return fail(16, &format!("checkpoint timestamp {ts} above the largest a store uses"));
+    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts: le_u64(header, 16).unwrap_or(0), applied })
+}
+
+/// [`decode_header`] for a checkpoint file in a store's directory, which also refuses a
+/// timestamp above [`MAX_TS`](crate::index::MAX_TS) as corruption: no store writes one (a
+/// slot keeps the collector's flag in the bit above). A received stream's timestamp is
+/// checked by its reader instead (`checkpoint_stream.rs`: an invalid argument, not damage).
+pub(crate) fn decode_file_header(header: &[u8]) -> std::result::Result<Header, (u64, String)> {
+    let decoded = decode_header(header)?;
+    if decoded.ts > crate::index::MAX_TS {
+        return Err((16, format!("checkpoint timestamp {} above the largest a store uses", decoded.ts)));
     }
-    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts, applied })
+    Ok(decoded)
 }
 
 /// Whether the 8 bytes at a block boundary start the footer rather than a block. A block's
@@ -545,7 +553,7 @@ impl<'f> Windows<'f> {
         }
         let mut header = [0u8; HEADER_BYTES];
         crate::fs::read_exact_at(file, &mut header, 0)?;
-        let header = match decode_header(&header) {
+        let header = match decode_file_header(&header) {
             Ok(h) => h,
             Err(e) => return Ok(Err(e)),
         };
@@ -680,7 +688,7 @@ pub(crate) fn read_checkpoint(
     if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
         return fail(0, "file shorter than header and footer");
     }
-    let Header { ts, next_table_id, applied } = decode_header(bytes)?;
+    let Header { ts, next_table_id, applied } = decode_file_header(bytes)?;
     let footer_at = bytes.len() - FOOTER_BYTES;
     let footer = decode_footer(bytes.get(footer_at..).unwrap_or_default(), ts, footer_at as u64)?;
     let mut decoder = BlockDecoder::default();
@@ -730,15 +738,16 @@ mod tests {
         assert_eq!((summary.ts, summary.applied), (9, Some(LogPosition::new(41, 3))));
     }
 
-    /// A header whose checksum matches but whose timestamp no store reaches is refused: a slot
-    /// keeps the collector's flag in the bit above the largest timestamp (`index::MAX_TS`).
+    /// A checkpoint file whose header checksum matches but whose timestamp no store reaches is
+    /// refused: a slot keeps the collector's flag in the bit above the largest timestamp
+    /// (`index::MAX_TS`).
     #[test]
     fn a_timestamp_above_the_largest_is_refused() {
         for (ts, ok) in [(crate::index::MAX_TS, true), (crate::index::MAX_TS + 1, false), (u64::MAX, false)] {
             let mut header = encode_header(2, ts, None);
             let crc = crc32c::crc32c(&header[..60]);
             header[60..64].copy_from_slice(&crc.to_le_bytes());
-            match decode_header(&header) {
+            match decode_file_header(&header) {
                 Ok(h) => assert!(ok && h.ts == ts, "ts {ts} accepted"),
                 Err((at, why)) => assert!(!ok && at == 16 && why.contains("timestamp"), "ts {ts}: {why} at {at}"),
             }

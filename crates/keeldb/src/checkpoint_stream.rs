@@ -46,8 +46,8 @@ pub struct ExportInfo {
     pub applied: Option<LogPosition>,
 }
 
-/// Streams at or above this timestamp are refused: nothing could commit after them.
-const MAX_SOURCE_TS: u64 = 1 << 63;
+/// Streams above this timestamp are refused: no store commits past it (`index::MAX_TS`).
+const MAX_SOURCE_TS: u64 = crate::index::MAX_TS;
 
 /// Limits for [`crate::Database::install_checkpoint_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +255,7 @@ pub(crate) fn receive(input: &mut dyn Read, options: &InstallOptions) -> Result<
     };
     let mut r = Bounded { input, pos: 0, limit, declared: options.expected_bytes.is_some() };
     let header = decode_header(&r.take(HEADER_BYTES, "the header")?).map_err(bad)?;
-    if header.ts >= MAX_SOURCE_TS {
+    if header.ts > MAX_SOURCE_TS {
         // Local timestamps continue from it; this leaves room for 2^63 more commits.
         return Err(Error::InvalidArgument(format!("checkpoint stream timestamp {} is out of range", header.ts)));
     }

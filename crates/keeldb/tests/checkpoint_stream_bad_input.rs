@@ -206,6 +206,13 @@ fn checksummed_streams_with_wrong_contents_are_corruption() {
     db.close().unwrap();
 
     refused("timestamp out of range", &crafted_at(u64::MAX, &good, 1, 2, digest.0), InstallOptions::default(), invalid);
+    // The largest timestamp a store uses is 2^63 - 2: a slot keeps a flag in the top bit.
+    refused(
+        "timestamp 2^63 - 1",
+        &crafted_at((1 << 63) - 1, &good, 1, 2, digest.0),
+        InstallOptions::default(),
+        invalid,
+    );
     refused("digest mismatch", &crafted(&good, 1, 2, digest.0 ^ 1), InstallOptions::default(), corruption);
     refused("count mismatch", &crafted(&good, 1, 3, digest.0), InstallOptions::default(), corruption);
     let mut twice = digest;
