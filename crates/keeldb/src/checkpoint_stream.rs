@@ -46,9 +46,6 @@ pub struct ExportInfo {
     pub applied: Option<LogPosition>,
 }
 
-/// Streams above this timestamp are refused: no store commits past it (`index::MAX_TS`).
-const MAX_SOURCE_TS: u64 = crate::index::MAX_TS;
-
 /// Limits for [`crate::Database::install_checkpoint_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstallOptions {
@@ -255,8 +252,8 @@ pub(crate) fn receive(input: &mut dyn Read, options: &InstallOptions) -> Result<
     };
     let mut r = Bounded { input, pos: 0, limit, declared: options.expected_bytes.is_some() };
     let header = decode_header(&r.take(HEADER_BYTES, "the header")?).map_err(bad)?;
-    if header.ts > MAX_SOURCE_TS {
-        // Local timestamps continue from it; this leaves room for 2^63 more commits.
+    // No store commits past MAX_TS: a slot keeps the collector's flag in the bit above.
+    if header.ts > crate::index::MAX_TS {
         return Err(Error::InvalidArgument(format!("checkpoint stream timestamp {} is out of range", header.ts)));
     }
     let mut decoder = BlockDecoder::default();

@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 
 use crate::digest::StateDigest;
 use crate::huge::HugePages;
-use crate::order::{prefix, Prefix, SlotOrder};
+use crate::order::{prefix, shared, Prefix, SlotOrder};
 use crate::slot_table::SlotTable;
 use crate::value_arena::{ValueArena, ValueRef};
 
@@ -1062,7 +1062,7 @@ fn fill_index(index: &mut SlotIndex, slots: &[Slot], hashes: &[u64], capacity: u
 fn sort_slots_by_key<'a>(slots: Vec<u32>, key_of: impl Fn(u32) -> &'a [u8]) -> Vec<(u64, u32)> {
     let mut keys = slots.iter().map(|&n| key_of(n));
     let Some(first) = keys.next() else { return Vec::new() };
-    let common = keys.fold(first.len(), |c, k| c.min(first.iter().zip(k).take_while(|(a, b)| a == b).count()));
+    let common = keys.fold(first.len(), |c, k| c.min(shared(first, k)));
     let window = |key: &[u8]| prefix(key.get(common..).unwrap_or_default());
     let mut keyed: Vec<(u64, u32)> = slots.iter().map(|&n| (window(key_of(n)), n)).collect();
     sort_keys(&mut keyed);

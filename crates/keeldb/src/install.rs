@@ -25,14 +25,12 @@ use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::files::{tmp_name, INSTALL_MARKER};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
+use crate::index::MAX_TS;
 use crate::types::LogPosition;
 use crate::wal::{self, SegmentInfo, WalWriter};
 
 const MARKER_MAGIC: &[u8; 8] = b"KEELINST";
 const MARKER_BYTES: usize = 64;
-/// Installs above this timestamp are refused, as streams above it are (`checkpoint_stream.rs`):
-/// no store commits past it (`index::MAX_TS`).
-const TS_MAX: u64 = crate::index::MAX_TS;
 
 /// What [`crate::Database::install_checkpoint`] installed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +159,7 @@ fn verify_checkpoint(fs: &dyn FileSystem, path: &Path, marker: &Marker) -> Resul
 pub(crate) fn complete(fs: &Arc<dyn FileSystem>, dir: &Path, marker: &Marker, verify: bool) -> Result<PathBuf> {
     let marker_path = dir.join(INSTALL_MARKER);
     let first_ts = Some(marker.ckpt_ts)
-        .filter(|&t| t <= TS_MAX)
+        .filter(|&t| t <= MAX_TS)
         .map(|t| t + 1)
         .ok_or_else(|| Error::corruption(&marker_path, 16, "install timestamp out of range"))?;
     let target = dir.join(checkpoint_name(marker.ckpt_ts));
@@ -253,7 +251,7 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
 /// an error removes the temporary files (best effort; recovery removes them too).
 fn prepare(inner: &Inner, q: &Quiesced, rx: &Received) -> std::result::Result<(Marker, u32), ReplaceError> {
     let ts = rx.source_ts.max(q.last_ts.saturating_add(1));
-    if ts > TS_MAX {
+    if ts > MAX_TS {
         return Err(before(Error::InvalidArgument(format!("install timestamp {ts} is out of range"))));
     }
     let tmp = inner.path.join(tmp_name(&checkpoint_name(ts)));

@@ -84,17 +84,17 @@ pub(crate) fn prefix(key: &[u8]) -> u64 {
 
 /// The 4 bytes of `key` from `skip` on, big-endian and zero-padded.
 fn window(key: &[u8], skip: usize) -> u32 {
-    let rest = key.get(skip..).unwrap_or_default();
-    let mut bytes = [0u8; 4];
-    let n = rest.len().min(4);
-    if let (Some(dst), Some(src)) = (bytes.get_mut(..n), rest.get(..n)) {
-        dst.copy_from_slice(src);
-    }
-    u32::from_be_bytes(bytes)
+    (prefix(key.get(skip..).unwrap_or_default()) >> 32) as u32
+}
+
+/// Whether `key` starts with the first `skip` bytes of `fence`, as every key of a run with
+/// that fence and skip does.
+fn within_skip(fence: &[u8], key: &[u8], skip: usize) -> bool {
+    fence.get(..skip) == key.get(..skip)
 }
 
 /// How many leading bytes `a` and `b` share.
-fn shared(a: &[u8], b: &[u8]) -> usize {
+pub(crate) fn shared(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -168,7 +168,7 @@ impl Chunk {
     /// the skip to what the two share, if that is less.
     fn admit<'a>(&mut self, fence: &[u8], key: &[u8], key_of: &impl Fn(u32) -> &'a [u8]) {
         let skip = self.skip;
-        if fence.get(..skip) != key.get(..skip) {
+        if !within_skip(fence, key, skip) {
             self.reskip(shared(fence, key).min(skip), key_of);
         }
     }
@@ -300,7 +300,7 @@ impl SlotOrder {
             }
             Some((fence, chunk)) => {
                 let skip = chunk.skip;
-                let above = if fence.as_slice().get(..skip) == key.get(..skip) {
+                let above = if within_skip(fence.as_slice(), key, skip) {
                     let w = window(key, skip);
                     chunk.entries.last().is_some_and(|top| top.cmp(key, w, &key_of) == Ordering::Less)
                 } else {
@@ -327,7 +327,7 @@ impl SlotOrder {
         let upper = match self.chunks.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back() {
             Some((fence, chunk)) => {
                 let skip = chunk.skip;
-                if fence.as_slice().get(..skip) == key.get(..skip) {
+                if within_skip(fence.as_slice(), key, skip) {
                     let (at, found) = chunk.search(key, &key_of);
                     if found {
                         return false;
@@ -384,7 +384,7 @@ impl SlotOrder {
     /// Removes the slot whose key is `key`; returns it, or `None` if no slot has that key.
     pub fn remove<'a>(&mut self, key: &[u8], key_of: impl Fn(u32) -> &'a [u8]) -> Option<u32> {
         let (fence, chunk) = self.chunks.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
-        if fence.as_slice().get(..chunk.skip) != key.get(..chunk.skip) {
+        if !within_skip(fence.as_slice(), key, chunk.skip) {
             return None; // Every key held here starts with those bytes.
         }
         let (at, found) = chunk.search(key, &key_of);
