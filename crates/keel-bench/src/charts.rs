@@ -15,7 +15,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, RGBColor};
 
-use crate::report::{Report, Row};
+use crate::report::{is_baseline, Report, Row};
 
 /// One chart written: the suite it belongs to, a title, and its file name inside the out dir.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,8 +145,7 @@ fn log_range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> 
 
 fn group_commit(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let suite = "group-commit";
-    let systems: Vec<String> =
-        distinct(rows, suite, |r| &r.system).into_iter().filter(|s| s != "raw-fdatasync").collect();
+    let systems: Vec<String> = distinct(rows, suite, |r| &r.system).into_iter().filter(|s| !is_baseline(s)).collect();
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for system in &systems {
         let points: Vec<(f64, f64)> = rows
@@ -306,8 +305,7 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, bars: &Bars) -> anyho
 
 fn commit_latency(path: &Path, rows: &[Row], title: &str) -> anyhow::Result<bool> {
     let suite = "group-commit";
-    let systems: Vec<String> =
-        distinct(rows, suite, |r| &r.system).into_iter().filter(|s| s != "raw-fdatasync").collect();
+    let systems: Vec<String> = distinct(rows, suite, |r| &r.system).into_iter().filter(|s| !is_baseline(s)).collect();
     let cases: Vec<String> =
         distinct(rows, suite, |r| &r.case).into_iter().filter(|c| c.starts_with("writers_")).collect();
     let (Some(first), Some(last)) = (cases.first(), cases.last()) else {

@@ -19,12 +19,19 @@ use serde::{Deserialize, Serialize};
 /// The `schema` value this build writes.
 pub const SCHEMA: &str = "keel-bench/1";
 
+/// Whether `system` names one of the disk baselines (`raw_sync`), not a database: reports
+/// keep them out of the systems they compare.
+pub fn is_baseline(system: &str) -> bool {
+    system == "raw-fdatasync" || system == crate::raw_sync::OVERWRITE_SYSTEM
+}
+
 /// One measured figure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Suite name, for example `group-commit`.
     pub suite: String,
-    /// `keeldb`, a peer's name, or `raw-fdatasync`.
+    /// `keeldb`, a peer's name, or a disk baseline (`raw-fdatasync`, `raw-overwrite`; see
+    /// [`is_baseline`]).
     pub system: String,
     /// The configuration, usually a durability mode (`sync`, `periodic`, `relaxed`).
     pub config: String,

@@ -2,7 +2,10 @@
 //! then KeelDB and every selected peer in `sync` mode (each peer's closest equivalent) with 1
 //! to 64 writer threads, each committing one-put transactions (one key per durable commit) on
 //! keys no other thread writes, so there are no conflicts. With group commit, many writers
-//! share each fdatasync and commits per second rise above the baseline.
+//! share each fdatasync and commits per second rise above the baseline. At one writer the
+//! `raw-overwrite` ceiling (`raw_sync::Overwrite`: a 256-byte overwrite of written blocks and
+//! an fdatasync) takes a turn between the systems' slices: no system's one-writer rate can
+//! pass it by more than the disk's noise.
 //!
 //! What is measured is what a user's loop gets once it runs: at each writer count every system
 //! first commits unmeasured for a warm-up (so the first moments of a just-opened store or of
@@ -83,6 +86,10 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         stores.push((system.name(), store));
     }
     let plan = plan(context.scale);
+    // One writer's ceiling takes its turn between the 1-writer slices, so it meets the same
+    // spells of the disk as the systems do.
+    let mut ceiling = raw_sync::Overwrite::create(dir.path())?;
+    let mut ceiling_total = WritersResult::default();
     for &writers in writer_counts(context.scale) {
         for (_, store) in &stores {
             run_writers(store.as_ref(), writers, 0, plan.warmup)?;
@@ -92,6 +99,14 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
             for ((_, store), total) in stores.iter().zip(&mut totals) {
                 total.add(run_writers(store.as_ref(), writers, slice, plan.window / plan.slices)?);
             }
+            if writers == 1 {
+                let (samples, elapsed) = ceiling.run(Budget::new(1, u64::MAX, plan.window / plan.slices))?;
+                ceiling_total.add(WritersResult { samples, elapsed, synced: None });
+            }
+        }
+        if writers == 1 {
+            rows.extend(ceiling_rows(context, ceiling_total.summary()));
+            ceiling_total = WritersResult::default();
         }
         for ((name, _), total) in stores.iter().zip(totals) {
             let result = total.summary();
@@ -119,6 +134,26 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
         store.close()?;
     }
     Ok(rows)
+}
+
+/// The single-writer ceiling's rows (system `raw-overwrite`, case `writers_1`) and its
+/// progress line.
+fn ceiling_rows(context: &SuiteContext, result: Summary) -> Vec<Row> {
+    context.progress.line(
+        SUITE,
+        format!(
+            "raw-overwrite {} B + fdatasync, one writer's ceiling: {:.0} syncs/s, p50 {:.0} µs, p99 {:.0} µs",
+            raw_sync::OVERWRITE_BYTES,
+            result.commits_per_s,
+            result.p50_us,
+            result.p99_us
+        ),
+    );
+    let config = format!("{}b-overwrite", raw_sync::OVERWRITE_BYTES);
+    [("commits_per_s", result.commits_per_s), ("p50_us", result.p50_us), ("p99_us", result.p99_us)]
+        .into_iter()
+        .map(|(metric, value)| Row::new(SUITE, raw_sync::OVERWRITE_SYSTEM, &config, "writers_1", metric, value))
+        .collect()
 }
 
 struct Summary {
