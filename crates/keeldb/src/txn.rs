@@ -5,14 +5,13 @@
 //! set (reads see them first: read-your-own-writes) and hands the set to group commit, which
 //! validates, logs and applies it. Nothing here touches the WAL or mutates the index.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use crate::accounting::Ending;
-use crate::commit::{AsyncCommit, CommitRequest, ReadItem, TableWrites};
+use crate::commit::{AsyncCommit, CommitRequest, ReadItem, TableSet, TableWrites};
 use crate::cpu::MeterCell;
 use crate::db::Inner;
 use crate::error::{Error, Result};
@@ -299,7 +298,7 @@ pub struct WriteTxn {
     snap: Snapshot,
     durability: Durability,
     isolation: Isolation,
-    tables: BTreeMap<Arc<str>, TableWrites>,
+    tables: TableSet,
     reads: Vec<(Arc<str>, ReadItem)>,
     bytes: usize,
     acct: Accounted,
@@ -323,7 +322,7 @@ impl WriteTxn {
         WriteTxn {
             durability,
             isolation,
-            tables: BTreeMap::new(),
+            tables: TableSet::default(),
             reads: Vec::new(),
             bytes: 0,
             acct: Accounted::new(&snap.db, tag, budget, timeout),
@@ -366,11 +365,8 @@ impl WriteTxn {
 
     /// The write set of `table`, created on first use (the name is allocated only then).
     fn table_entry(&mut self, table: &str) -> Result<&mut TableWrites> {
-        if !self.tables.contains_key(table) {
-            self.tables.insert(Arc::from(table), TableWrites::default());
-        }
         self.tables
-            .get_mut(table)
+            .entry(table, || Arc::from(table))
             .ok_or_else(|| Error::InvalidArgument(format!("table {table:?} vanished from the write set")))
     }
 

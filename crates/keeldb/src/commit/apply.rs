@@ -15,10 +15,9 @@
 //! recovery restores exactly the position of the last command whose writes survived. This
 //! module never reaches the database handle; `db.rs` exposes it as `Database::apply_batch`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::request::{CommitRequest, TableApply, TableWrites};
+use super::request::{CommitRequest, TableApply, TableSet, TableWrites};
 use super::waiter::{Outcome, Waiter};
 use super::Committer;
 use crate::error::{Error, Result};
@@ -108,7 +107,7 @@ impl Command {
     /// The request the pipeline sequences. `names` interns table names across a batch, so a
     /// log whose commands write the same few tables allocates each name once.
     fn into_request(self, position: LogPosition, durability: Durability, names: &mut Vec<Arc<str>>) -> CommitRequest {
-        let mut tables: BTreeMap<Arc<str>, TableWrites> = BTreeMap::new();
+        let mut tables = TableSet::default();
         for w in self.writes {
             let (table, key, value) = match w {
                 Write::Put { table, key, value } => (table, key, Some(value)),

@@ -163,7 +163,7 @@ impl ConflictIndex {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use crate::commit::TableSet;
 
     use super::*;
     use crate::commit::request::TableWrites;
@@ -172,7 +172,7 @@ mod tests {
     fn request(start_ts: u64, table: &str, key: &[u8], isolation: Isolation) -> CommitRequest {
         let mut tw = TableWrites::default();
         tw.writes.insert(key, Some(b"v"));
-        let mut tables = BTreeMap::new();
+        let mut tables = TableSet::default();
         tables.insert(Arc::from(table), tw);
         CommitRequest { start_ts, durability: Durability::Relaxed, isolation, tables, reads: Vec::new(), apply: None }
     }

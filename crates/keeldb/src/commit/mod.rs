@@ -35,7 +35,7 @@ pub use self::apply::{ApplyOutcome, Command, Condition};
 pub(crate) use self::future::AsyncCommit;
 pub(crate) use self::pipeline::Pipeline;
 pub(crate) use self::replace::{Quiesced, ReplaceError, Replacement};
-pub(crate) use self::request::{CommitRequest, ReadItem, Sequencer, TableWrites};
+pub(crate) use self::request::{CommitRequest, ReadItem, Sequencer, TableSet, TableWrites};
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{write_all_at, FileSystem, OpenMode};

@@ -127,6 +127,7 @@ impl WriteSet {
     }
 
     /// The writes in key order.
+    #[inline]
     pub fn iter(&self) -> Iter<'_> {
         let inner = match &self.entries {
             Entries::Sorted(v) => Inner::Sorted(v.iter()),
@@ -180,6 +181,7 @@ pub(crate) struct Iter<'a> {
 impl<'a> Iterator for Iter<'a> {
     type Item = (&'a Key, Option<&'a [u8]>);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         let (k, span) = match &mut self.inner {
             Inner::Sorted(i) => i.next().map(|(k, s)| (k, *s)),
