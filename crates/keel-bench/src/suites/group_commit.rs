@@ -105,8 +105,7 @@ pub fn run(context: &SuiteContext) -> anyhow::Result<Vec<Row>> {
             }
         }
         if writers == 1 {
-            rows.extend(ceiling_rows(context, ceiling_total.summary()));
-            ceiling_total = WritersResult::default();
+            rows.extend(ceiling_rows(context, std::mem::take(&mut ceiling_total).summary()));
         }
         for ((name, _), total) in stores.iter().zip(totals) {
             let result = total.summary();
