@@ -5,6 +5,7 @@
 //! index, the batch counter) lives here too. It is only ever used under the sequencer lock by
 //! the one gathering leader. Nothing here does I/O or touches the in-memory index.
 
+use std::collections::{btree_map, BTreeMap};
 use std::sync::Arc;
 
 use super::conflicts::ConflictIndex;
@@ -26,94 +27,177 @@ pub(crate) struct TableWrites {
 /// A transaction's writes by table, in table-name order.
 ///
 /// A transaction writes one table, or a few: a sorted vector finds a name in a comparison or
-/// two and costs one small allocation, where a `BTreeMap` (which this replaces) allocated a
-/// ~900-byte node for the first table of every transaction and descended twice per put (once
-/// to see whether the table was there, once to take it).
+/// two and costs one small allocation, where a `BTreeMap` allocated a ~900-byte node for the
+/// first table of every transaction and descended twice per put (once to see whether the table
+/// was there, once to take it). A transaction that writes more than [`FEW`] tables turns the
+/// vector into a `BTreeMap` for good, so thousands of tables in one transaction cost no
+/// quadratic insertion.
 ///
-/// Invariant: names are strictly ascending, so distinct, and iteration is in name order.
+/// Invariant: names are distinct, and iteration is in name order (in `Few`, names strictly
+/// ascending).
 #[derive(Debug, Default)]
-pub(crate) struct TableSet(Vec<(Arc<str>, TableWrites)>);
+pub(crate) struct TableSet(Tables);
+
+/// Most tables a [`TableSet`] keeps in its sorted vector.
+const FEW: usize = 32;
+
+#[derive(Debug)]
+enum Tables {
+    Few(Vec<(Arc<str>, TableWrites)>),
+    Many(BTreeMap<Arc<str>, TableWrites>),
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables::Few(Vec::new())
+    }
+}
 
 /// One entry of a [`TableSet`] as a pair of references.
 type TableRef<'a> = (&'a Arc<str>, &'a TableWrites);
 
 /// A [`TableSet`]'s entries in name order, as pairs of references.
-pub(crate) struct TableIter<'a>(std::slice::Iter<'a, (Arc<str>, TableWrites)>);
+pub(crate) enum TableIter<'a> {
+    Few(std::slice::Iter<'a, (Arc<str>, TableWrites)>),
+    Many(btree_map::Iter<'a, Arc<str>, TableWrites>),
+}
 
 impl<'a> Iterator for TableIter<'a> {
     type Item = TableRef<'a>;
     #[inline]
     fn next(&mut self) -> Option<TableRef<'a>> {
-        self.0.next().map(|(name, tw)| (name, tw))
+        match self {
+            TableIter::Few(i) => i.next().map(|(name, tw)| (name, tw)),
+            TableIter::Many(i) => i.next(),
+        }
     }
 }
 
-impl TableSet {
-    fn search(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(n, _)| (**n).cmp(name))
-    }
+/// A [`TableSet`]'s entries in name order, by value.
+pub(crate) enum TableIntoIter {
+    Few(std::vec::IntoIter<(Arc<str>, TableWrites)>),
+    Many(btree_map::IntoIter<Arc<str>, TableWrites>),
+}
 
+impl Iterator for TableIntoIter {
+    type Item = (Arc<str>, TableWrites);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            TableIntoIter::Few(i) => i.next(),
+            TableIntoIter::Many(i) => i.next(),
+        }
+    }
+}
+
+/// Where `name` is, or would go, in a strictly ascending vector.
+fn search(v: &[(Arc<str>, TableWrites)], name: &str) -> Result<usize, usize> {
+    v.binary_search_by(|(n, _)| (**n).cmp(name))
+}
+
+impl TableSet {
     pub fn get(&self, name: &str) -> Option<&TableWrites> {
-        let i = self.search(name).ok()?;
-        self.0.get(i).map(|(_, tw)| tw)
+        match &self.0 {
+            Tables::Few(v) => v.get(search(v, name).ok()?).map(|(_, tw)| tw),
+            Tables::Many(m) => m.get(name),
+        }
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut TableWrites> {
-        let i = self.search(name).ok()?;
-        self.0.get_mut(i).map(|(_, tw)| tw)
+        match &mut self.0 {
+            Tables::Few(v) => {
+                let i = search(v, name).ok()?;
+                v.get_mut(i).map(|(_, tw)| tw)
+            }
+            Tables::Many(m) => m.get_mut(name),
+        }
+    }
+
+    /// Turns a full vector into a map before `name`, which it does not hold, is added.
+    fn make_room(&mut self, name: &str) {
+        if let Tables::Few(v) = &mut self.0 {
+            if v.len() >= FEW && search(v, name).is_err() {
+                self.0 = Tables::Many(std::mem::take(v).into_iter().collect());
+            }
+        }
     }
 
     /// `name`'s writes, an empty entry named by `make_name()` added first if there are none.
     /// (`None` never happens: the entry was found or has just been added.)
     pub fn entry(&mut self, name: &str, make_name: impl FnOnce() -> Arc<str>) -> Option<&mut TableWrites> {
-        let i = match self.search(name) {
-            Ok(i) => i,
-            Err(i) => {
-                self.0.insert(i, (make_name(), TableWrites::default()));
-                i
+        self.make_room(name);
+        match &mut self.0 {
+            Tables::Few(v) => {
+                let i = match search(v, name) {
+                    Ok(i) => i,
+                    Err(i) => {
+                        v.insert(i, (make_name(), TableWrites::default()));
+                        i
+                    }
+                };
+                v.get_mut(i).map(|(_, tw)| tw)
             }
-        };
-        self.0.get_mut(i).map(|(_, tw)| tw)
+            Tables::Many(m) => {
+                if !m.contains_key(name) {
+                    m.insert(make_name(), TableWrites::default());
+                }
+                m.get_mut(name)
+            }
+        }
     }
 
     /// Sets `name`'s writes, replacing any.
     pub fn insert(&mut self, name: Arc<str>, writes: TableWrites) {
-        match self.search(&name) {
-            Ok(i) => {
-                if let Some(e) = self.0.get_mut(i) {
-                    e.1 = writes;
+        self.make_room(&name);
+        match &mut self.0 {
+            Tables::Few(v) => match search(v, &name) {
+                Ok(i) => {
+                    if let Some(e) = v.get_mut(i) {
+                        e.1 = writes;
+                    }
                 }
+                Err(i) => v.insert(i, (name, writes)),
+            },
+            Tables::Many(m) => {
+                m.insert(name, writes);
             }
-            Err(i) => self.0.insert(i, (name, writes)),
         }
     }
 
     pub fn iter(&self) -> TableIter<'_> {
-        TableIter(self.0.iter())
+        match &self.0 {
+            Tables::Few(v) => TableIter::Few(v.iter()),
+            Tables::Many(m) => TableIter::Many(m.iter()),
+        }
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.0.iter().map(|(name, _)| name)
+        self.iter().map(|(name, _)| name)
     }
 
     pub fn values(&self) -> impl Iterator<Item = &TableWrites> {
-        self.0.iter().map(|(_, tw)| tw)
+        self.iter().map(|(_, tw)| tw)
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        match &self.0 {
+            Tables::Few(v) => v.len(),
+            Tables::Many(m) => m.len(),
+        }
     }
 
     pub fn clear(&mut self) {
-        self.0.clear();
+        self.0 = Tables::default();
     }
 }
 
 impl IntoIterator for TableSet {
     type Item = (Arc<str>, TableWrites);
-    type IntoIter = std::vec::IntoIter<(Arc<str>, TableWrites)>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+    type IntoIter = TableIntoIter;
+    fn into_iter(self) -> TableIntoIter {
+        match self.0 {
+            Tables::Few(v) => TableIntoIter::Few(v.into_iter()),
+            Tables::Many(m) => TableIntoIter::Many(m.into_iter()),
+        }
     }
 }
 
@@ -277,11 +361,14 @@ mod tests {
     #[test]
     fn keeps_tables_in_name_order_like_the_map_it_replaced() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let mut converted = 0;
         for _ in 0..200 {
             let mut set = TableSet::default();
             let mut model: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-            for _ in 0..rng.gen_range(1..30) {
-                let name = format!("t{}", rng.gen_range(0..8));
+            // Up to 80 distinct names: past `FEW` the set turns into a map.
+            let names = if rng.gen_bool(0.5) { 8 } else { 80 };
+            for _ in 0..rng.gen_range(1..200) {
+                let name = format!("t{}", rng.gen_range(0..names));
                 let key = vec![rng.gen_range(0..=255u8)];
                 let made = std::cell::Cell::new(false);
                 let tw = set.entry(&name, || {
@@ -309,8 +396,10 @@ mod tests {
                 assert!(set.get(&first).unwrap().dropped && set.get(&first).unwrap().writes.is_empty());
                 assert_eq!(set.len(), model.len());
             }
+            converted += usize::from(matches!(set.0, Tables::Many(_)));
             let owned: Vec<String> = set.into_iter().map(|(n, _)| n.to_string()).collect();
             assert_eq!(owned, model.keys().cloned().collect::<Vec<_>>());
         }
+        assert!(converted > 20, "the map form was exercised {converted} times");
     }
 }
