@@ -252,8 +252,8 @@ pub(crate) fn receive(input: &mut dyn Read, options: &InstallOptions) -> Result<
     };
     let mut r = Bounded { input, pos: 0, limit, declared: options.expected_bytes.is_some() };
     let header = decode_header(&r.take(HEADER_BYTES, "the header")?).map_err(bad)?;
-    // No store commits past MAX_TS: a slot keeps the collector's flag in the bit above.
-    if header.ts > crate::index::MAX_TS {
+    // Commits after an install count up from its timestamp and must stay below MAX_TS.
+    if header.ts > crate::index::MAX_INSTALL_TS {
         return Err(Error::InvalidArgument(format!("checkpoint stream timestamp {} is out of range", header.ts)));
     }
     let mut decoder = BlockDecoder::default();

@@ -174,6 +174,12 @@ const GC_NEVER: u64 = (1 << 63) - 1;
 /// 2^63 commits to get here.
 pub(crate) const MAX_TS: u64 = GC_NEVER - 1;
 
+/// The largest timestamp an installed checkpoint may start a store's log at. Commits after an
+/// install count up by one from its timestamp, so the argument above needs room: from here it
+/// would take 2^62 commits (millennia at millions a second) to reach [`MAX_TS`]. A received
+/// stream or an install past it is an invalid argument.
+pub(crate) const MAX_INSTALL_TS: u64 = 1 << 62;
+
 impl Version {
     /// The version visible at `snapshot`: the newest with `ts <= snapshot`.
     pub fn visible(&self, snapshot: u64) -> Option<&Version> {

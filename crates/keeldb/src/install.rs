@@ -25,7 +25,7 @@ use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::files::{tmp_name, INSTALL_MARKER};
 use crate::fs::{read_all, write_all_at, FileSystem, OpenMode};
-use crate::index::MAX_TS;
+use crate::index::{MAX_INSTALL_TS, MAX_TS};
 use crate::types::LogPosition;
 use crate::wal::{self, SegmentInfo, WalWriter};
 
@@ -251,7 +251,7 @@ fn write_checkpoint(inner: &Inner, rx: &Received, ts: u64, base: u32) -> Result<
 /// an error removes the temporary files (best effort; recovery removes them too).
 fn prepare(inner: &Inner, q: &Quiesced, rx: &Received) -> std::result::Result<(Marker, u32), ReplaceError> {
     let ts = rx.source_ts.max(q.last_ts.saturating_add(1));
-    if ts > MAX_TS {
+    if ts > MAX_INSTALL_TS {
         return Err(before(Error::InvalidArgument(format!("install timestamp {ts} is out of range"))));
     }
     let tmp = inner.path.join(tmp_name(&checkpoint_name(ts)));

@@ -302,3 +302,30 @@ fn a_damaged_install_marker_is_corruption_and_verify_refuses_a_pending_install()
     assert_eq!(get(&b, "b", b"k").as_deref(), Some(&b"v"[..]));
     b.close().unwrap();
 }
+
+/// Commits after an install count up from its timestamp, and none may pass the largest
+/// timestamp a store uses (2^63 - 2; recovery refuses a log frame above it as corruption). So a
+/// stream must leave room: one above 2^62 is refused, one at 2^62 installs, commits, reopens.
+/// (A stream at 2^63 - 2 used to install, and its first commit wrote a frame no reopen took.)
+#[test]
+fn an_installed_timestamp_leaves_room_for_commits() {
+    let good = [table_record(1, "t"), entry_record(1, b"k", b"v")].concat();
+    let mut digest = StateDigest::default();
+    digest.add("t", b"k", b"v");
+    for ts in [(1u64 << 63) - 2, (1 << 62) + 1] {
+        refused(&format!("timestamp {ts}"), &crafted_at(ts, &good, 1, 1, digest.0), InstallOptions::default(), invalid);
+    }
+    let d = TestDir::new();
+    let db = open(&d.path());
+    db.install_checkpoint(&mut &crafted_at(1 << 62, &good, 1, 1, digest.0)[..]).unwrap();
+    let mut tx = db.begin_write().unwrap();
+    tx.put("t", b"k2", b"v2").unwrap();
+    assert_eq!(tx.commit().unwrap().ts, (1 << 62) + 1);
+    db.close().unwrap();
+    let db = open(&d.path());
+    let rx = db.begin_read().unwrap();
+    assert_eq!(rx.get("t", b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(rx.get("t", b"k2").unwrap().as_deref(), Some(&b"v2"[..]));
+    drop(rx);
+    db.close().unwrap();
+}
