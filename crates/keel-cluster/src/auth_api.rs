@@ -121,7 +121,7 @@ impl Api {
         PbResponseHeader {
             cluster_id: self.node.cluster_id,
             member_id: self.node.id,
-            revision: self.node.sm.progress.lock().revision,
+            revision: self.node.sm.visible_revision(),
             raft_term: self.node.term(),
         }
     }

@@ -223,9 +223,7 @@ impl PbKvService for Api {
             self.node.read_barrier().await.map_err(node_status)?;
             let sm = Arc::clone(&self.node.sm);
             tokio::task::spawn_blocking(move || -> Result<PbTxnResponse, ApplyError> {
-                let db = &sm.db;
-                let current = sm.progress.lock().revision;
-                let mut snapshot = db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+                let (mut snapshot, current) = sm.read_now()?;
                 let mut view = mvcc::Overlay::new(&mut snapshot);
                 mvcc::Writer { txn: &mut view, revision: current, wrote: false }.txn(&req)
             })
@@ -355,7 +353,7 @@ impl PbMaintenanceService for Api {
     async fn status(&self, _request: GrpcRequest<PbStatusRequest>) -> Result<GrpcResponse<PbStatusResponse>, Status> {
         let metrics = self.node.raft.metrics().borrow_watched().clone();
         let stats = self.node.sm.db.stats();
-        let revision = self.node.sm.progress.lock().revision;
+        let revision = self.node.sm.visible_revision();
         let is_learner = self.node.members().iter().any(|(i, _, voter)| *i == self.node.id && !voter);
         let mut errors = Vec::new();
         if metrics.current_leader.is_none() {

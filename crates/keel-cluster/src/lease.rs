@@ -553,7 +553,7 @@ const KEEP_ALIVES_IN_FLIGHT: usize = 64;
 
 impl Api {
     fn lease_header(&self) -> PbResponseHeader {
-        self.header(self.node.sm.progress.lock().revision)
+        self.header(self.node.sm.visible_revision())
     }
 
     async fn renew(&self, id: i64) -> Result<PbLeaseKeepAliveResponse, Status> {

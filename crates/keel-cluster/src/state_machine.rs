@@ -94,6 +94,9 @@ pub struct Shared {
     /// The snapshot files (`snap`).
     pub snaps: Snapshots,
     pub progress: Mutex<Progress>,
+    /// Held (write) by the apply path from making a batch visible in the engine until
+    /// `progress` records it; a reader that saw a revision `progress` lacks waits on it.
+    applying: parking_lot::RwLock<()>,
     /// The applied log index, for readers waiting on a read index.
     pub applied_tx: tokio::sync::watch::Sender<u64>,
     /// Lease deadlines while this member leads (`lease.rs`); told of applied grants and revokes.
@@ -164,22 +167,52 @@ impl Shared {
         }
     }
 
-    /// The current store revision.
+    /// The revision of the newest applied state (the apply path's own count; readers use
+    /// [`Shared::visible_revision`], which is never behind what they can see).
     pub fn revision(&self) -> i64 {
         self.progress.lock().revision
     }
 
-    /// A read view at `revision` (0: newest) and the header revision to report.
+    /// A read view of the newest state and the store revision of that same view.
+    ///
+    /// The revision is read from the view itself, never from [`Progress`]: the apply path makes
+    /// a batch visible in the engine before it updates `Progress`, so a revision taken from
+    /// `Progress` and a view taken after it can disagree (a header below a returned key's
+    /// `mod_revision`, issue 36). Engine views only move forward, so the revision of a view
+    /// is also at least every revision any earlier view on this member reported.
+    pub fn read_now(&self) -> Result<(ReadTxn, i64), ApplyError> {
+        let txn = self.db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+        let revision = read_i64(&txn, REV_KEY).map_err(|e| ApplyError::Invalid(e.to_string()))?.max(1);
+        Ok((txn, revision))
+    }
+
+    /// The revision of the newest state readers can see: the header revision of any answer
+    /// that is not itself a write (see [`Shared::read_now`]).
+    pub fn visible_revision(&self) -> i64 {
+        match self.read_now() {
+            Ok((_, revision)) => revision,
+            Err(_) => self.progress.lock().revision,
+        }
+    }
+
+    /// A read view at `revision` (0: newest) and the header revision to report: the revision
+    /// of the newest state, which is at least every `mod_revision` the view holds.
     pub fn read_at(&self, revision: i64) -> Result<(ReadTxn, i64), ApplyError> {
-        let p = self.progress.lock();
-        if revision <= 0 || revision >= p.revision {
-            if revision > p.revision {
-                return Err(ApplyError::FutureRevision);
-            }
-            let current = p.revision;
+        // The newest view first: it decides what "current" and "future" mean for this read.
+        let (now, current) = self.read_now()?;
+        if revision <= 0 || revision == current {
+            return Ok((now, current));
+        }
+        if revision > current {
+            return Err(ApplyError::FutureRevision);
+        }
+        let mut p = self.progress.lock();
+        if revision > p.revision {
+            // Applied and visible, but `Progress` has not caught up with the batch yet: wait
+            // for the apply path to finish recording it (it holds `applying` until then).
             drop(p);
-            let txn = self.db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
-            return Ok((txn, current));
+            drop(self.applying.read());
+            p = self.progress.lock();
         }
         if revision < p.compact_revision {
             return Err(ApplyError::Compacted);
@@ -191,7 +224,6 @@ impl Shared {
         }
         let at = p.revs.partition_point(|r| r.0 <= revision);
         let ts = p.revs.get(at.saturating_sub(1)).map(|r| r.1).ok_or(ApplyError::Compacted)?;
-        let current = p.revision;
         drop(p);
         let txn = self.db.begin_read_at(ts).map_err(|e| match e {
             keeldb::Error::Compacted { .. } => ApplyError::Compacted,
@@ -364,6 +396,7 @@ impl StateMachine {
                 trace,
                 snaps,
                 progress: Mutex::new(progress),
+                applying: parking_lot::RwLock::new(()),
                 applied_tx,
                 lessor: crate::lease::Lessor::new(),
                 auth: parking_lot::RwLock::new(Arc::new(auth)),
@@ -512,6 +545,8 @@ impl StateMachine {
         }
         drop(view);
         drop(snapshot);
+        // Readers that see this batch in the engine before `progress` records it wait on this.
+        let applying = self.shared.applying.write();
         let outcomes = db.apply_batch_with(Durability::Relaxed, commands);
         let mut responses = Vec::with_capacity(planned.len());
         let mut compact_ts = None;
@@ -543,6 +578,7 @@ impl StateMachine {
             }
             responses.push(response);
         }
+        drop(applying);
         for (entry, response) in entries.iter().zip(&responses) {
             self.trace(entry, response);
         }
@@ -588,6 +624,7 @@ impl StateMachine {
     /// buffer) and reloads the progress from it.
     fn install_file(&self, meta: &SnapshotMeta, file: &SnapshotFile) -> io::Result<()> {
         let opts = InstallOptions { expected_bytes: Some(file.checkpoint().len()), ..InstallOptions::default() };
+        let _applying = self.shared.applying.write();
         self.shared.db.install_checkpoint_with(&mut file.checkpoint_reader(), opts).map_err(io_err)?;
         let txn = self.shared.db.begin_read().map_err(io_err)?;
         let progress = progress_of(&txn)?;
@@ -626,11 +663,9 @@ pub fn speculate(shared: &Shared, kind: RequestKind, body: &[u8]) -> Option<Resp
     if !matches!(kind, RequestKind::Put | RequestKind::DeleteRange | RequestKind::Txn) {
         return None;
     }
-    let (revision, compact) = {
-        let p = shared.progress.lock();
-        (p.revision, p.compact_revision)
-    };
-    let mut snapshot = shared.db.begin_read().ok()?;
+    // The revision of the view itself (see `Shared::read_now`), not `Progress`'s.
+    let (mut snapshot, revision) = shared.read_now().ok()?;
+    let compact = shared.progress.lock().compact_revision;
     let mut view = mvcc::Overlay::new(&mut snapshot);
     let mut writer = Writer { txn: &mut view, revision: revision + 1, wrote: false };
     let req = Request::new(kind, body.to_vec());
@@ -1160,6 +1195,118 @@ mod tests {
             assert_eq!(kept, want);
             assert!(sm.shared.curp_result(CommandId { client: 7, seq: 3 }).unwrap().is_some());
             assert!(sm.shared.curp_result(CommandId { client: 7, seq: 1 }).unwrap().is_none());
+        }
+    }
+
+    /// The largest `mod_revision` a read of every key at `revision` returns, and the header.
+    fn read_all(sm: &StateMachine, revision: i64) -> Result<(i64, i64), ApplyError> {
+        let (mut txn, header) = sm.shared.read_at(revision)?;
+        let req =
+            etcd_client::proto::PbRangeRequest { key: vec![0], range_end: vec![0], revision, ..Default::default() };
+        let resp = mvcc::range(&mut txn, &req, header)?;
+        Ok((resp.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0), header))
+    }
+
+    /// The apply path makes a batch visible in the engine before `Progress` records it. A
+    /// read in between must still report a header revision at least every `mod_revision` it
+    /// returns, and a read at a revision `Progress` does not know yet must wait for it, never
+    /// serve newer data. Here `Progress` is held one put behind the engine, as a reader
+    /// racing the apply path sees it.
+    #[test]
+    fn a_read_reports_the_revision_of_its_own_view_when_progress_lags() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachine::open(dir.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let puts: Vec<Entry> =
+            (0..3).map(|i| entry(i + 1, RequestKind::Put, put(&format!("k{i}"), "v").encode_to_vec())).collect();
+        sm.apply_entries(&puts).unwrap();
+        assert_eq!(sm.shared.progress.lock().revision, 4);
+        // Roll `Progress` back one revision: the engine holds revision 4, `Progress` says 3.
+        {
+            let mut p = sm.shared.progress.lock();
+            p.revision = 3;
+            p.revs.pop_back();
+        }
+        let (max_mod, header) = read_all(&sm, 0).unwrap();
+        assert_eq!(max_mod, 4);
+        assert!(header >= max_mod, "header {header} below a returned mod_revision {max_mod}");
+        assert_eq!(sm.shared.visible_revision(), 4);
+        // A read at the revision `Progress` lacks is served from the newest view (it is that
+        // revision), and a read at an older one is served at that revision exactly.
+        assert_eq!(read_all(&sm, 4).unwrap(), (4, 4));
+        assert_eq!(read_all(&sm, 3).unwrap(), (3, 4));
+        assert_eq!(read_all(&sm, 5), Err(ApplyError::FutureRevision));
+    }
+
+    /// A read at a revision the engine shows but `Progress` has not recorded yet waits for the
+    /// apply path to record it (it holds `applying` until then) instead of serving the newest
+    /// revision `Progress` knows, which lacks that revision's writes.
+    #[test]
+    fn a_read_at_a_revision_progress_lacks_waits_for_the_apply_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachine::open(dir.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let puts: Vec<Entry> =
+            (0..4).map(|i| entry(i + 1, RequestKind::Put, put(&format!("k{i}"), "v").encode_to_vec())).collect();
+        sm.apply_entries(&puts).unwrap();
+        // As the apply path leaves things between making revisions 4 and 5 visible and
+        // recording them: `Progress` at 3, `applying` held.
+        let applying = sm.shared.applying.write();
+        let recorded: Vec<(i64, u64)> = {
+            let mut p = sm.shared.progress.lock();
+            let tail = vec![p.revs.pop_back().unwrap(), p.revs.pop_back().unwrap()];
+            p.revision = 3;
+            tail
+        };
+        let reader = {
+            let sm = sm.clone();
+            std::thread::spawn(move || read_all(&sm, 4))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        {
+            let mut p = sm.shared.progress.lock();
+            p.revs.extend(recorded.into_iter().rev());
+            p.revision = 5;
+        }
+        drop(applying);
+        assert_eq!(reader.join().unwrap(), Ok((4, 5)));
+    }
+
+    /// The same invariant under a real race: one thread applies puts one entry at a time while
+    /// readers check every answer's header against the revisions in its body.
+    #[test]
+    fn reads_racing_the_apply_path_never_report_a_header_below_their_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachine::open(dir.path(), Arc::new(keeldb::fs::StdFs)).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (sm, stop) = (sm.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut last = 0;
+                    let mut reads = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && reads < 2_000_000 {
+                        let (max_mod, header) = read_all(&sm, 0).unwrap();
+                        assert!(header >= max_mod, "header {header} below a returned mod_revision {max_mod}");
+                        assert!(header >= last, "header went back from {last} to {header}");
+                        // A read at a revision just seen is served at exactly that revision:
+                        // every revision is a put, so its newest key has that mod_revision.
+                        if header > 1 {
+                            let (at_mod, _) = read_all(&sm, header).unwrap();
+                            assert_eq!(at_mod, header, "a read at {header} returned another revision's state");
+                        }
+                        last = header;
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        for i in 0..2_000u64 {
+            let e = entry(i + 1, RequestKind::Put, put(&format!("k{}", i % 4), "v").encode_to_vec());
+            sm.apply_entries(std::slice::from_ref(&e)).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
         }
     }
 

@@ -228,7 +228,7 @@ impl Session {
     }
 
     fn current(&self) -> i64 {
-        self.node.sm.progress.lock().revision
+        self.node.sm.visible_revision()
     }
 
     async fn send(&self, resp: PbWatchResponse) -> Result<(), Gone> {

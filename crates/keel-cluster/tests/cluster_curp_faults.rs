@@ -232,6 +232,7 @@ async fn curp_histories_under_faults_are_linearizable() {
     assert!(clients_outlived_nemesis, "seed {seed}: the clients stopped (hard deadline) before the nemesis was done");
     assert!(fast > 20, "too few fast-path writes to mean anything: {fast}");
     history::assert_linearizable(&history, keys, seed);
+    history::assert_revisions(&shared.revisions.lock(), seed);
     for s in servers.into_iter().flatten() {
         s.stop().await;
     }

@@ -308,6 +308,7 @@ async fn members_on_simulated_disks_survive_power_loss_kills_and_fsync_errors() 
         assert!(lost.is_empty(), "seed {seed}: acknowledged writes lost: {lost:?}");
     }
     history::assert_linearizable(&events, keys, seed);
+    history::assert_revisions(&shared.revisions.lock(), seed);
     assert_converged(&mut final_clients, seed).await;
 
     for m in &mut members {

@@ -146,6 +146,7 @@ async fn histories_under_partitions_are_linearizable() {
     assert!(ok > 50, "too few operations completed: {ok}");
     let check_start = Instant::now();
     history::assert_linearizable(&history, keys, seed);
+    history::assert_revisions(&shared.revisions.lock(), seed);
     eprintln!("checked in {:?}", check_start.elapsed());
     for s in servers {
         s.stop().await;

@@ -218,7 +218,12 @@ impl Weak {
         if let Some((seq, v)) = own {
             let id = CommandId { client, seq };
             if !node.sm.curp_applied(id).map_err(|e| Status::internal(e.to_string()))? {
-                return Ok(Read { value: Some((v, 0)), pending: true, revision: node.sm.revision(), applied_through });
+                return Ok(Read {
+                    value: Some((v, 0)),
+                    pending: true,
+                    revision: node.sm.visible_revision(),
+                    applied_through,
+                });
             }
         }
         let sm = Arc::clone(&node.sm);

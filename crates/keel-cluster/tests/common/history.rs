@@ -278,6 +278,9 @@ pub fn assert_linearizable(history: &[Event], keys: usize, seed: u64) {
 #[derive(Clone, Default)]
 pub struct Shared {
     pub history: Arc<Mutex<Vec<Event>>>,
+    /// The header revision of every answer and the largest revision in its body, for
+    /// [`check_revisions`].
+    pub revisions: Arc<Mutex<Vec<RevEvent>>>,
     pub counter: Arc<AtomicU64>,
     pub acked: Arc<Mutex<Vec<String>>>,
     pub stop: Arc<AtomicBool>,
@@ -343,11 +346,16 @@ pub async fn run_client(plan: ClientPlan, shared: Shared) {
         let key = rng.gen_range(0..plan.keys);
         let k = format!("key{key}");
         let call = Instant::now();
-        let (op, out) = match rng.gen_range(0..3) {
+        // The answer's header revision and the largest revision in its body (0: none).
+        let mut revs = None;
+        let (op, out) = match rng.gen_range(0..4) {
             0 => {
                 let v = next();
                 let out = match client.put(k.as_str(), v.to_string(), None).await {
-                    Ok(_) => Out::Ok,
+                    Ok(r) => {
+                        revs = Some((r.header().map_or(0, |h| h.revision()), 0));
+                        Out::Ok
+                    }
                     Err(_) => Out::Unknown,
                 };
                 (Op::Put(v), out)
@@ -355,6 +363,7 @@ pub async fn run_client(plan: ClientPlan, shared: Shared) {
             1 => {
                 let out = match client.get(k.as_str(), None).await {
                     Ok(r) => {
+                        revs = Some((r.header().map_or(0, |h| h.revision()), max_mod(r.kvs())));
                         let v = r.kvs().first().map(|kv| parse(kv.value()));
                         if let Some(v) = v {
                             last_seen.insert(key, v);
@@ -365,14 +374,41 @@ pub async fn run_client(plan: ClientPlan, shared: Shared) {
                 };
                 (Op::Get, out)
             }
+            2 => {
+                // A serializable get: answered by this member alone, so it is outside the
+                // linearizability check; only its revisions are checked.
+                let opts = etcd_client::GetOptions::new().with_serializable();
+                match client.get(k.as_str(), Some(opts)).await {
+                    Ok(r) => {
+                        let (header, body) = (r.header().map_or(0, |h| h.revision()), max_mod(r.kvs()));
+                        shared.revisions.lock().push(RevEvent {
+                            member: plan.url.clone(),
+                            serializable: true,
+                            call,
+                            ret: Some(Instant::now()),
+                            header,
+                            body,
+                        });
+                    }
+                    Err(_) => {
+                        failed = true;
+                        shared.revisions.lock().push(RevEvent::failed(&plan.url, true, call));
+                    }
+                }
+                continue;
+            }
             _ => {
                 let exp = last_seen.get(&key).copied().unwrap_or(0);
                 let new = next();
                 let txn = Txn::new()
                     .when([Compare::value(k.as_str(), CompareOp::Equal, exp.to_string())])
-                    .and_then([TxnOp::put(k.as_str(), new.to_string(), None)]);
+                    .and_then([TxnOp::put(k.as_str(), new.to_string(), None)])
+                    .or_else([TxnOp::get(k.as_str(), None)]);
                 let out = match client.txn(txn).await {
-                    Ok(r) => Out::Swapped(r.succeeded()),
+                    Ok(r) => {
+                        revs = Some((r.header().map_or(0, |h| h.revision()), txn_max_mod(r.op_responses())));
+                        Out::Swapped(r.succeeded())
+                    }
                     Err(_) => Out::Unknown,
                 };
                 (Op::Cas(exp, new), out)
@@ -380,8 +416,119 @@ pub async fn run_client(plan: ClientPlan, shared: Shared) {
         };
         failed = out == Out::Unknown;
         let ret = (!failed).then(Instant::now);
+        let rev = match revs {
+            Some((header, body)) => RevEvent { member: plan.url.clone(), serializable: false, call, ret, header, body },
+            None => RevEvent::failed(&plan.url, false, call),
+        };
+        shared.revisions.lock().push(rev);
         shared.history.lock().push(Event { key, op, out, call, ret });
     }
+}
+
+fn max_mod(kvs: &[etcd_client::KeyValue]) -> i64 {
+    kvs.iter().map(|kv| kv.mod_revision().max(kv.create_revision())).max().unwrap_or(0)
+}
+
+/// The largest revision in a txn's answers, nested ones included.
+fn txn_max_mod(ops: Vec<etcd_client::TxnOpResponse>) -> i64 {
+    ops.into_iter()
+        .map(|op| match op {
+            etcd_client::TxnOpResponse::Get(r) => max_mod(r.kvs()),
+            etcd_client::TxnOpResponse::Put(r) => r.prev_key().map_or(0, |kv| kv.mod_revision()),
+            etcd_client::TxnOpResponse::Delete(r) => max_mod(r.prev_kvs()),
+            etcd_client::TxnOpResponse::Txn(t) => txn_max_mod(t.op_responses()),
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// One answer's revisions, for [`check_revisions`]: its header revision and the largest
+/// `mod_revision` (or `create_revision`) in its body, or a failure (`ret` none).
+#[derive(Debug, Clone)]
+pub struct RevEvent {
+    /// The member the client talks to.
+    pub member: String,
+    /// A serializable read (answered by the member alone); otherwise a linearizable operation.
+    pub serializable: bool,
+    pub call: Instant,
+    pub ret: Option<Instant>,
+    pub header: i64,
+    pub body: i64,
+}
+
+impl RevEvent {
+    fn failed(member: &str, serializable: bool, call: Instant) -> RevEvent {
+        RevEvent { member: member.to_string(), serializable, call, ret: None, header: 0, body: 0 }
+    }
+}
+
+/// etcd's revision contract on a history's answers (issue 36), as violations:
+/// 1. every answer's header revision is at least every revision in its body;
+/// 2. a linearizable operation called after another returned reports a header revision at
+///    least that one's, whatever keys either touched;
+/// 3. on one member, a serializable read called after another serializable read on it
+///    returned reports a header revision at least that one's, unless the member may have
+///    restarted in between (some operation on it failed in that span).
+pub fn check_revisions(events: &[RevEvent]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let done: Vec<&RevEvent> = events.iter().filter(|e| e.ret.is_some()).collect();
+    for e in &done {
+        if e.header < e.body || e.header < 1 {
+            violations.push(format!("header revision {} below its body's revision {}: {e:?}", e.header, e.body));
+        }
+    }
+    // Rule 2: sweep the linearizable operations by call time, knowing the largest header of
+    // every one that returned before.
+    let mut by_call: Vec<&RevEvent> = done.iter().copied().filter(|e| !e.serializable).collect();
+    let mut by_ret = by_call.clone();
+    by_call.sort_by_key(|e| e.call);
+    by_ret.sort_by_key(|e| e.ret);
+    let (mut next, mut floor): (usize, Option<&RevEvent>) = (0, None);
+    for b in &by_call {
+        while let Some(a) = by_ret.get(next).filter(|a| a.ret < Some(b.call)) {
+            if floor.is_none_or(|f| a.header > f.header) {
+                floor = Some(a);
+            }
+            next += 1;
+        }
+        if let Some(a) = floor.filter(|a| b.header < a.header) {
+            violations.push(format!(
+                "header revision went back from {} to {} across operations in real-time order: {a:?} then {b:?}",
+                a.header, b.header
+            ));
+        }
+    }
+    // Rule 3, per member.
+    let members: std::collections::BTreeSet<&str> = events.iter().map(|e| e.member.as_str()).collect();
+    for member in members {
+        let failures: Vec<Instant> =
+            events.iter().filter(|e| e.member == member && e.ret.is_none()).map(|e| e.call).collect();
+        let mut reads: Vec<&RevEvent> = done.iter().copied().filter(|e| e.serializable && e.member == member).collect();
+        reads.sort_by_key(|e| e.call);
+        for (i, b) in reads.iter().enumerate() {
+            let earlier = reads[..i].iter().filter(|a| a.ret < Some(b.call) && a.header > b.header);
+            let restarted = |a: &&&RevEvent| failures.iter().any(|f| *f >= a.call && Some(*f) <= b.ret);
+            if let Some(a) = earlier.filter(|a| !restarted(a)).max_by_key(|a| a.header) {
+                violations.push(format!(
+                    "serializable header revision went back on {member} from {} to {}: {a:?} then {b:?}",
+                    a.header, b.header
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// Panics naming the seed and the first violations of [`check_revisions`].
+pub fn assert_revisions(events: &[RevEvent], seed: u64) {
+    let violations = check_revisions(events);
+    assert!(
+        violations.is_empty(),
+        "seed {seed}: {} revision violations in {} answers, first: {:#?}",
+        violations.len(),
+        events.len(),
+        &violations[..violations.len().min(5)]
+    );
 }
 
 /// A register value as the clients write it.
