@@ -133,6 +133,58 @@ impl Api {
     }
 }
 
+/// The metadata key under which [`cert_user`] passes a verified client certificate's common
+/// name to the services. Whatever a client sends under it is removed first.
+pub const CERT_USER: &str = "keel-internal-cert-user";
+
+/// A gRPC interceptor for every client listener: removes any [`CERT_USER`] a client sent and,
+/// when `client_cert_auth` is on and the connection presented a verified certificate (rustls
+/// hands the chain over only after verifying it), sets it to the certificate's common name.
+pub fn cert_user(client_cert_auth: bool, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+    req.metadata_mut().remove(CERT_USER);
+    if !client_cert_auth {
+        return Ok(req);
+    }
+    let name = req.peer_certs().and_then(|chain| chain.first().and_then(|cert| common_name(cert.as_ref())));
+    if let Some(value) = name.and_then(|n| tonic::metadata::MetadataValue::try_from(n.as_str()).ok()) {
+        req.metadata_mut().insert(CERT_USER, value);
+    }
+    Ok(req)
+}
+
+/// A status as grpc-go prints an error (`rpc error: code = PermissionDenied desc = ...`):
+/// what etcd puts in a watch's cancel reason and clientv3 parses back into a typed error.
+pub fn grpc_error_text(status: &Status) -> String {
+    use tonic::Code::*;
+    let code = match status.code() {
+        Ok => "OK",
+        Cancelled => "Canceled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    };
+    format!("rpc error: code = {code} desc = {}", status.message())
+}
+
+/// The first common name in a DER certificate's subject, if it has one.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
+}
+
 /// A KV request to check.
 pub enum KvCheck<'a> {
     Range(&'a PbRangeRequest),
@@ -147,7 +199,14 @@ pub fn caller_in(state: Arc<AuthState>, metadata: &MetadataMap) -> Result<(Arc<A
     if !state.enabled {
         return Ok((state, None));
     }
-    let Some(token) = metadata.get("token") else { return Err(AuthError::UserEmpty.status()) };
+    let Some(token) = metadata.get("token") else {
+        // etcd: without a token, the common name of a verified client certificate is the user
+        // (with --client-cert-auth; [`cert_user`] puts it here and nothing else can).
+        return match metadata.get(CERT_USER).and_then(|v| v.to_str().ok()) {
+            Some(name) if !name.is_empty() => Ok((state, Some(name.to_string()))),
+            _ => Err(AuthError::UserEmpty.status()),
+        };
+    };
     let token = token.to_str().map_err(|_| AuthError::InvalidAuthToken.status())?;
     let user = state.verify_token(token, now_s()).map_err(|e| e.status())?;
     Ok((state, Some(user)))
@@ -292,7 +351,11 @@ impl Api {
         &self,
         r: GrpcRequest<PbAuthUserGetRequest>,
     ) -> Result<GrpcResponse<PbAuthUserGetResponse>, Status> {
-        self.require_root(r.metadata())?;
+        // etcd: the root role, or a user asking about itself.
+        let (_, caller) = self.caller(r.metadata())?;
+        if caller.as_deref() != Some(r.get_ref().name.as_str()) {
+            self.require_root(r.metadata())?;
+        }
         let state = self.read_auth().await?;
         let user = state.users.get(&r.get_ref().name).ok_or_else(|| AuthError::UserNotFound.status())?;
         Ok(GrpcResponse::new(PbAuthUserGetResponse { header: Some(self.header_now()), roles: user.roles.clone() }))
@@ -361,7 +424,13 @@ impl Api {
         &self,
         r: GrpcRequest<PbAuthRoleGetRequest>,
     ) -> Result<GrpcResponse<PbAuthRoleGetResponse>, Status> {
-        self.require_root(r.metadata())?;
+        // etcd: the root role, or a user asking about a role it has.
+        let (state, caller) = self.caller(r.metadata())?;
+        let own =
+            caller.as_deref().and_then(|u| state.users.get(u)).is_some_and(|u| u.roles.contains(&r.get_ref().role));
+        if !own {
+            self.require_root(r.metadata())?;
+        }
         let state = self.read_auth().await?;
         let name = &r.get_ref().role;
         let role = state.roles.get(name).ok_or_else(|| AuthError::RoleNotFound.status())?;

@@ -321,8 +321,10 @@ impl PbClusterService for Api {
 
     async fn member_list(
         &self,
-        _request: GrpcRequest<PbMemberListRequest>,
+        request: GrpcRequest<PbMemberListRequest>,
     ) -> Result<GrpcResponse<PbMemberListResponse>, Status> {
+        // etcd: any authenticated user while auth is on (requireAuthInfo).
+        self.caller(request.metadata())?;
         Ok(GrpcResponse::new(PbMemberListResponse { header: Some(self.header(0)), members: self.members() }))
     }
 
@@ -345,12 +347,20 @@ impl PbClusterService for Api {
 
 #[tonic::async_trait]
 impl PbMaintenanceService for Api {
-    async fn alarm(&self, _request: GrpcRequest<PbAlarmRequest>) -> Result<GrpcResponse<PbAlarmResponse>, Status> {
+    async fn alarm(&self, request: GrpcRequest<PbAlarmRequest>) -> Result<GrpcResponse<PbAlarmResponse>, Status> {
+        // etcd: listing alarms needs any authenticated user, changing them the root role.
+        if request.get_ref().action == 0 {
+            self.caller(request.metadata())?;
+        } else {
+            self.require_root(request.metadata())?;
+        }
         // No alarms are raised yet (no space quota): the list is always empty.
         Ok(GrpcResponse::new(PbAlarmResponse { header: Some(self.header(0)), alarms: Vec::new() }))
     }
 
-    async fn status(&self, _request: GrpcRequest<PbStatusRequest>) -> Result<GrpcResponse<PbStatusResponse>, Status> {
+    async fn status(&self, request: GrpcRequest<PbStatusRequest>) -> Result<GrpcResponse<PbStatusResponse>, Status> {
+        // etcd: any authenticated user while auth is on (requireAuthInfo).
+        self.caller(request.metadata())?;
         let metrics = self.node.raft.metrics().borrow_watched().clone();
         let stats = self.node.sm.db.stats();
         let revision = self.node.sm.visible_revision();

@@ -556,6 +556,35 @@ impl Api {
         self.header(self.node.sm.visible_revision())
     }
 
+    /// etcd's check before showing leases' keys to `user`: the root role (or auth off) may see
+    /// everything; anyone else needs read permission on every key attached to `ids`.
+    async fn check_lease_keys(
+        &self,
+        state: &crate::auth::AuthState,
+        user: Option<&str>,
+        ids: Vec<i64>,
+    ) -> Result<(), Status> {
+        if !state.enabled || user.is_some_and(|u| state.is_root(u)) {
+            return Ok(());
+        }
+        let sm = Arc::clone(&self.node.sm);
+        let keys = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u8>>, ApplyError> {
+            let txn = sm.db.begin_read().map_err(|e| ApplyError::Invalid(e.to_string()))?;
+            let mut keys = Vec::new();
+            for id in ids {
+                keys.extend(stored_keys(&txn, id)?);
+            }
+            Ok(keys)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(apply_status)?;
+        for key in &keys {
+            crate::auth_api::check(state, user, key, &[], crate::auth::Perm::Read)?;
+        }
+        Ok(())
+    }
+
     async fn renew(&self, id: i64) -> Result<PbLeaseKeepAliveResponse, Status> {
         let queue =
             self.node.sm.lessor.renewals.get().ok_or_else(|| Status::unavailable("etcdserver: server stopped"))?;
@@ -649,8 +678,12 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<PbLeaseTimeToLiveRequest>,
     ) -> Result<GrpcResponse<PbLeaseTimeToLiveResponse>, Status> {
-        self.caller(request.metadata())?;
+        let (state, user) = self.caller(request.metadata())?;
         let req = request.into_inner();
+        if req.keys {
+            // etcd: the keys are shown only to a user who may read every one of them.
+            self.check_lease_keys(&state, user.as_deref(), vec![req.id]).await?;
+        }
         let ask = PeerRequest::LeaseTimeToLive { id: req.id, keys: req.keys };
         let standing = match self.node.to_leader(ask).await.map_err(node_status)? {
             PeerResponse::LeaseTimeToLive(s) => s,
@@ -675,7 +708,7 @@ impl PbLeaseService for Api {
         &self,
         request: GrpcRequest<PbLeaseLeasesRequest>,
     ) -> Result<GrpcResponse<PbLeaseLeasesResponse>, Status> {
-        self.caller(request.metadata())?;
+        let (state, user) = self.caller(request.metadata())?;
         self.node.read_barrier().await.map_err(node_status)?;
         let sm = Arc::clone(&self.node.sm);
         let leases = tokio::task::spawn_blocking(move || -> Result<Vec<(i64, i64)>, ApplyError> {
@@ -685,6 +718,8 @@ impl PbLeaseService for Api {
         .await
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(apply_status)?;
+        // etcd: a user who is not root sees the list only if it may read every leased key.
+        self.check_lease_keys(&state, user.as_deref(), leases.iter().map(|(id, _)| *id).collect()).await?;
         Ok(GrpcResponse::new(PbLeaseLeasesResponse {
             header: Some(self.lease_header()),
             leases: leases.into_iter().map(|(id, _)| PbLeaseStatus { id }).collect(),

@@ -90,7 +90,9 @@ impl Server {
                     }
                 };
             }
+            let cert_auth = node.config.client_tls.client_cert_auth;
             let router = builder
+                .layer(tonic::service::InterceptorLayer::new(move |req| auth_api::cert_user(cert_auth, req)))
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))

@@ -316,7 +316,9 @@ impl Session {
         if let Err(denied) =
             crate::auth_api::check(&self.auth, self.user.as_deref(), &c.key, &c.range_end, crate::auth::Perm::Read)
         {
-            return self.refuse(denied.message()).await;
+            // etcd cancels with the gRPC error's text, code included, so that clientv3 turns the
+            // cancel reason back into the same typed error (ErrGRPCPermissionDenied, ...).
+            return self.refuse(&crate::auth_api::grpc_error_text(&denied)).await;
         }
         let id = if c.watch_id != 0 {
             if self.by_id.contains_key(&c.watch_id) {

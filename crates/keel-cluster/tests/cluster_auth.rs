@@ -124,6 +124,15 @@ async fn auth_rules_permissions_and_tokens_hold_on_every_member() {
     // Without a token nothing passes; root may do everything, on any member.
     assert_refused(open.put("k", "v", None).await, tonic::Code::InvalidArgument, "etcdserver: user name is empty");
     assert_refused(open.get("ro/a", None).await, tonic::Code::InvalidArgument, "etcdserver: user name is empty");
+    // As etcd's requireAuthInfo: member list, status and the alarm list need a user too.
+    let empty = "etcdserver: user name is empty";
+    assert_refused(open.member_list().await, tonic::Code::InvalidArgument, empty);
+    assert_refused(open.status().await, tonic::Code::InvalidArgument, empty);
+    assert_refused(
+        open.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await,
+        tonic::Code::InvalidArgument,
+        empty,
+    );
     let mut root = client(&url(1), Some(("root", "rootpw"))).await.unwrap();
     assert_eq!(root.get("ro/a", None).await.unwrap().kvs()[0].value(), b"1");
     // Root cannot lose its role or be deleted while auth is on.
@@ -169,6 +178,14 @@ async fn auth_rules_permissions_and_tokens_hold_on_every_member() {
     assert_refused(alice.txn(write_op).await, tonic::Code::PermissionDenied, DENIED);
     let inside = Txn::new().when([Compare::value("ro/a", CompareOp::Equal, "1")]).and_then([TxnOp::get("ro/a", None)]);
     assert!(alice.txn(inside).await.unwrap().succeeded());
+    // Any user may list members and ask for status; a user may read itself and its own roles
+    // (etcd's UserGet and RoleGet rules), not other users or roles.
+    assert_eq!(alice.member_list().await.unwrap().members().len(), 3);
+    assert!(alice.status().await.unwrap().leader() != 0);
+    assert_eq!(alice.user_get("alice").await.unwrap().roles(), ["reader".to_string()]);
+    assert_eq!(alice.role_get("reader").await.unwrap().permissions().len(), 1);
+    assert_refused(alice.user_get("root").await, tonic::Code::PermissionDenied, DENIED);
+    assert_refused(alice.role_get("root").await, tonic::Code::PermissionDenied, DENIED);
     // Admin RPCs need root.
     assert_refused(alice.compact(1, None).await, tonic::Code::PermissionDenied, DENIED);
     assert_refused(alice.user_list().await, tonic::Code::PermissionDenied, DENIED);
@@ -410,8 +427,21 @@ async fn leases_and_watches_are_checked_and_expiry_still_applies_under_auth() {
     assert!(created.created() && !created.canceled(), "{created:?}");
     let mut denied = reader.watch("secret", None).await.unwrap();
     let refused = denied.message().await.unwrap().unwrap();
-    assert!(refused.canceled() && refused.cancel_reason().contains("permission denied"), "{refused:?}");
+    // The cancel reason is the gRPC error as etcd writes it, so clientv3 maps it back to
+    // rpctypes.ErrGRPCPermissionDenied.
+    assert!(refused.canceled(), "{refused:?}");
+    assert_eq!(refused.cancel_reason(), "rpc error: code = PermissionDenied desc = etcdserver: permission denied");
     assert_refused(reader.lease_revoke(lease).await, tonic::Code::PermissionDenied, DENIED);
+    // A lease's keys are shown only to whoever may read them all; the list of leases likewise.
+    let secret_lease = root.lease_grant(60, None).await.unwrap().id();
+    root.put("secret/k", "v", Some(etcd_client::PutOptions::new().with_lease(secret_lease))).await.unwrap();
+    let keys = || Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys());
+    assert_refused(reader.lease_time_to_live(secret_lease, keys()).await, tonic::Code::PermissionDenied, DENIED);
+    assert!(reader.lease_time_to_live(secret_lease, None).await.unwrap().ttl() > 0);
+    assert_refused(reader.leases().await, tonic::Code::PermissionDenied, DENIED);
+    assert_eq!(root.lease_time_to_live(secret_lease, keys()).await.unwrap().keys(), [b"secret/k".to_vec()]);
+    assert!(root.leases().await.unwrap().leases().iter().any(|l| l.id() == secret_lease));
+    root.lease_revoke(secret_lease).await.unwrap();
 
     // Nobody keeps the lease alive: the leader's expiry revoke applies although it carries no
     // user, and the reader's watch sees the delete.

@@ -248,6 +248,66 @@ async fn clients_without_a_trusted_certificate_are_refused() {
     stop_all(servers).await;
 }
 
+/// etcd's --client-cert-auth with auth on: a request without a token acts as the user named by
+/// its verified certificate's common name; a client cannot claim a name through metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_certificate_common_name_is_the_user_when_no_token_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(5);
+    let servers = vec![Server::start(config(dir.path(), &pki, &ip, &["solo"], 0)).await.unwrap()];
+    wait_leader(&servers).await;
+    let url = format!("https://{ip}:24790");
+    let root_cert = pki.ca.issue("root", &[]);
+    let reader_cert = pki.ca.issue("reader", &[]);
+    put_eventually(&url, &pki.ca.pem, Some(&root_cert), "app/x").await.unwrap();
+    put_eventually(&url, &pki.ca.pem, Some(&root_cert), "secret").await.unwrap();
+    let mut admin = tls_client(&url, &pki.ca.pem, Some(&root_cert)).await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("reader", "readpw", None).await.unwrap();
+    admin.role_add("app-read").await.unwrap();
+    admin.role_grant_permission("app-read", etcd_client::Permission::read("app/").with_prefix()).await.unwrap();
+    admin.user_grant_role("reader", "app-read").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    // The certificate named root: root's rights, with no token.
+    let mut root = tls_client(&url, &pki.ca.pem, Some(&root_cert)).await;
+    assert_eq!(root.get("secret", None).await.unwrap().count(), 1);
+    assert!(root.user_list().await.unwrap().users().contains(&"reader".to_string()));
+    // The certificate named reader: only the reader's rights.
+    let mut reader = tls_client(&url, &pki.ca.pem, Some(&reader_cert)).await;
+    assert_eq!(reader.get("app/x", None).await.unwrap().count(), 1);
+    let denied = reader.get("secret", None).await.unwrap_err();
+    assert!(
+        matches!(&denied, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::PermissionDenied),
+        "{denied}"
+    );
+    // Claiming another name through the internal metadata key changes nothing.
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&pki.ca.pem))
+                .identity(tonic::transport::Identity::from_pem(&reader_cert.0, &reader_cert.1)),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let mut request =
+        tonic::Request::new(etcd_client::proto::PbRangeRequest { key: b"secret".to_vec(), ..Default::default() });
+    request.metadata_mut().insert(keel_cluster::auth_api::CERT_USER, "root".parse().unwrap());
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
+    let codec =
+        tonic_prost::ProstCodec::<etcd_client::proto::PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
+    let spoofed = grpc.unary(request, path, codec).await.unwrap_err();
+    assert_eq!(spoofed.code(), tonic::Code::PermissionDenied);
+    stop_all(servers).await;
+}
+
 /// Sends a hello and a read-index request over `stream`; the answer, or why there was none.
 async fn ask_read_index<S>(stream: S, cluster_id: u64, to: u64) -> Result<PeerResponse, String>
 where
