@@ -235,22 +235,42 @@ pub fn check_url(flag: &'static str, url: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn hash(parts: &[&str]) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update(&[0]);
+/// A member's id exactly as etcd computes it (`computeMemberID`): the first eight bytes,
+/// big-endian, of SHA-1 over the member's peer URLs sorted and concatenated, then the cluster
+/// token, then, for a member added to a running cluster, the Unix time of the add in decimal
+/// (so re-adding the same URLs gives a new id). The name takes no part. The same flags give
+/// the same ids as etcd, and output that embeds them matches.
+pub fn member_id(peer_urls: &[String], token: &str, added_at_unix_s: Option<u64>) -> u64 {
+    use sha1::Digest;
+    let mut urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
+    urls.sort_unstable();
+    let mut h = sha1::Sha1::new();
+    h.update(urls.concat().as_bytes());
+    h.update(token.as_bytes());
+    if let Some(t) = added_at_unix_s {
+        h.update(t.to_string().as_bytes());
     }
-    // Zero means "no member" in etcd's API.
-    h.digest().max(1)
+    first_u64(&h.finalize())
 }
 
-/// A member's id: from its name, peer URLs and the cluster token (etcd derives it from the
-/// URLs and token the same way, so restarting with the same flags gives the same id).
-pub fn member_id(name: &str, peer_urls: &[String], token: &str) -> u64 {
-    let mut parts = vec![token, name];
-    parts.extend(peer_urls.iter().map(String::as_str));
-    hash(&parts)
+/// A cluster's id exactly as etcd computes it (`genID`): the first eight bytes, big-endian, of
+/// SHA-1 over the sorted member ids, each as eight big-endian bytes.
+pub fn cluster_id(member_ids: impl IntoIterator<Item = u64>) -> u64 {
+    use sha1::Digest;
+    let mut ids: Vec<u64> = member_ids.into_iter().collect();
+    ids.sort_unstable();
+    let mut h = sha1::Sha1::new();
+    for id in ids {
+        h.update(id.to_be_bytes());
+    }
+    first_u64(&h.finalize())
+}
+
+/// The first eight bytes of a digest as a big-endian number; zero (etcd's "no member") as one.
+fn first_u64(digest: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(digest.get(..8).unwrap_or(&[0; 8]));
+    u64::from_be_bytes(b).max(1)
 }
 
 impl ServeConfig {
@@ -315,18 +335,20 @@ impl ServeConfig {
 
     /// This member's id.
     pub fn member_id(&self) -> u64 {
-        member_id(&self.name, &self.initial_advertise_peer_urls, &self.initial_cluster_token)
+        // etcd takes the member's own entry of --initial-cluster (it must match the advertised
+        // peer URLs, which validate() checks).
+        let urls = self
+            .initial_cluster
+            .iter()
+            .find(|(name, _)| **name == self.name)
+            .map_or(&self.initial_advertise_peer_urls, |(_, urls)| urls);
+        member_id(urls, &self.initial_cluster_token, None)
     }
 
     /// The cluster id: from the token and the initial members.
     pub fn cluster_id(&self) -> u64 {
-        let mut parts = vec![self.initial_cluster_token.clone()];
-        if !self.join_existing {
-            for (n, urls) in &self.initial_cluster {
-                parts.push(format!("{n}={}", urls.join(",")));
-            }
-        }
-        hash(&parts.iter().map(String::as_str).collect::<Vec<_>>())
+        // A joining member learns the real id from the cluster (node.rs: resolve_identity).
+        cluster_id(self.initial_members().into_keys())
     }
 
     /// The initial members with their ids (clients' URLs are known only for this member).
@@ -336,7 +358,7 @@ impl ServeConfig {
             .map(|(name, urls)| {
                 let client_urls = if *name == self.name { self.advertise_client_urls.clone() } else { Vec::new() };
                 (
-                    member_id(name, urls, &self.initial_cluster_token),
+                    member_id(urls, &self.initial_cluster_token, None),
                     Member { name: name.clone(), peer_urls: urls.clone(), client_urls },
                 )
             })
@@ -367,14 +389,28 @@ mod tests {
         assert!(parse_initial_cluster("").is_err());
     }
 
+    /// The ids etcd 3.6.16 gave `--name n1 --initial-cluster-token tok-x --initial-cluster
+    /// n1=http://127.0.0.1:23801,n2=http://127.0.0.1:23802,n3=http://127.0.0.1:23803` (from its
+    /// log: local-member-id, added-peer-id, cluster-id).
     #[test]
-    fn ids_depend_on_token_name_and_urls() {
+    fn ids_are_the_ones_etcd_derives_from_the_same_flags() {
+        let mut c = ServeConfig {
+            name: "n1".into(),
+            initial_cluster_token: "tok-x".into(),
+            initial_advertise_peer_urls: vec!["http://127.0.0.1:23801".into()],
+            ..ServeConfig::default()
+        };
+        c.initial_cluster =
+            parse_initial_cluster("n1=http://127.0.0.1:23801,n2=http://127.0.0.1:23802,n3=http://127.0.0.1:23803")
+                .unwrap();
+        assert_eq!(c.member_id(), 0x3f87d1e9930d82d9);
+        let ids: Vec<u64> = c.initial_members().into_keys().collect();
+        assert_eq!(ids, vec![0x2ce5679b4e0d6116, 0x3f87d1e9930d82d9, 0xad16c60c0e4f80f4]);
+        assert_eq!(c.cluster_id(), 0x834f70e5e236bc3d);
+        // An added member's id also depends on when it was added; the name never counts.
         let urls = vec!["http://127.0.0.1:2380".to_string()];
-        let a = member_id("a", &urls, "t1");
-        assert_eq!(a, member_id("a", &urls, "t1"));
-        assert_ne!(a, member_id("a", &urls, "t2"));
-        assert_ne!(a, member_id("b", &urls, "t1"));
-        assert_ne!(a, 0);
+        assert_ne!(member_id(&urls, "t", Some(1)), member_id(&urls, "t", Some(2)));
+        assert_ne!(member_id(&urls, "t1", None), member_id(&urls, "t2", None));
     }
 
     #[test]

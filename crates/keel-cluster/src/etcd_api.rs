@@ -285,7 +285,9 @@ impl PbClusterService for Api {
             crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
         }
         // etcd names the member later (when it starts); the id comes from its URLs here.
-        let id = crate::config::member_id("", &req.peer_ur_ls, &self.node.config.initial_cluster_token);
+        // etcd's id for an added member: its URLs, the token and the time of the add.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let id = crate::config::member_id(&req.peer_ur_ls, &self.node.config.initial_cluster_token, Some(now));
         let member = Member { name: String::new(), peer_urls: req.peer_ur_ls.clone(), client_urls: Vec::new() };
         self.node
             .admin(AdminRequest::AddMember { id, member, learner: req.is_learner })

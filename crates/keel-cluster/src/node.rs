@@ -196,10 +196,16 @@ fn read_identity(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(u64, u64, St
 /// (the directory wins over the flags, as in etcd) or else from a running member, which knows
 /// the id `member add` gave these peer URLs.
 async fn resolve_identity(config: &ServeConfig, tls: &PeerTls, member_dir: &Path) -> Result<(u64, u64), StartError> {
+    let recorded = read_identity(config.fs.as_ref(), member_dir)?;
     if !config.join_existing {
-        return Ok((config.cluster_id(), config.member_id()));
+        // A directory made before ids were derived as etcd derives them records other ids:
+        // it keeps them (claim_data_dir still refuses another member's directory by name).
+        return Ok(match recorded {
+            Some((cid, mid, name)) if name == config.name => (cid, mid),
+            _ => (config.cluster_id(), config.member_id()),
+        });
     }
-    if let Some((cid, mid, name)) = read_identity(config.fs.as_ref(), member_dir)? {
+    if let Some((cid, mid, name)) = recorded {
         if name != config.name {
             return Err(ConfigError::ForeignDataDir {
                 dir: member_dir.display().to_string(),

@@ -155,13 +155,26 @@ async fn a_data_dir_of_another_member_is_refused() {
     let ip = base_ip(2);
     let names = ["solo"];
     let s = start_retrying(config(dir.path(), &ip, &names, 0)).await;
-    wait_leader(&[Some(s)].into_iter().collect::<Vec<_>>()).await;
-    // Same directory, another cluster token: refused with a clear error, nothing touched.
+    let id = s.node.id;
+    let servers = vec![Some(s)];
+    wait_leader(&servers).await;
+    // Same directory, another member's name: refused with a clear error, nothing touched.
     let mut other = config(dir.path(), &ip, &names, 0);
-    other.initial_cluster_token = "another".into();
+    other.name = "another".into();
+    other.initial_cluster = [("another".to_string(), other.initial_advertise_peer_urls.clone())].into_iter().collect();
     // (the first server still runs and holds the ports; the identity check comes first)
     let err = Server::start(other).await.err().expect("must refuse");
     assert!(err.to_string().contains("belongs to"), "{err}");
+    for s in servers.into_iter().flatten() {
+        s.stop().await;
+    }
+    // Same name, another cluster token: as etcd, a data directory that exists wins over the
+    // initial-cluster flags; the member keeps the ids it recorded.
+    let mut retoken = config(dir.path(), &ip, &names, 0);
+    retoken.initial_cluster_token = "another".into();
+    let again = start_retrying(retoken).await;
+    assert_eq!(again.node.id, id);
+    again.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
