@@ -279,7 +279,7 @@ impl tonic::server::ServerStreamingService<LeaderRequest> for Observing {
 macro_rules! route {
     ($req:expr, $service:expr, $method:ident) => {{
         let s = $service;
-        unary($req, move |r| -> Reply<_> { Box::pin(async move { s.$method(r).await }) })
+        unary($req, s.max_request_bytes(), move |r| -> Reply<_> { Box::pin(async move { s.$method(r).await }) })
     }};
 }
 
@@ -305,7 +305,7 @@ where
             "/v3electionpb.Election/Resign" => route!(req, s, resign),
             "/v3electionpb.Election/Observe" => Box::pin(async move {
                 let codec = tonic_prost::ProstCodec::<PbLeaderResponse, LeaderRequest>::default();
-                let mut grpc = tonic::server::Grpc::new(codec);
+                let mut grpc = tonic::server::Grpc::new(codec).max_decoding_message_size(s.max_request_bytes());
                 Ok(grpc.server_streaming(Observing(s), req).await)
             }),
             _ => unimplemented(),

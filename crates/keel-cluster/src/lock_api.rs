@@ -187,6 +187,11 @@ impl Concurrency {
         Concurrency { api, hub }
     }
 
+    /// The largest request message accepted, as the KV service's.
+    pub(crate) fn max_request_bytes(&self) -> usize {
+        self.api.node.config.max_request_bytes + 64 * 1024
+    }
+
     pub(crate) async fn txn(&self, md: &MetadataMap, req: PbTxnRequest) -> Result<PbTxnResponse, Status> {
         let r = PbKvService::txn(&self.api, with_metadata(md, req)).await.map_err(relayed)?;
         Ok(r.into_inner())
@@ -481,9 +486,10 @@ where
     }
 }
 
-/// Serves one unary call of `Req` with `f`.
+/// Serves one unary call of `Req` with `f`; a request over `max_bytes` is refused by gRPC.
 pub(crate) fn unary<B, Req, Resp, F>(
     req: http::Request<B>,
+    max_bytes: usize,
     f: F,
 ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible>
 where
@@ -495,7 +501,7 @@ where
 {
     Box::pin(async move {
         let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
-        let mut grpc = tonic::server::Grpc::new(codec);
+        let mut grpc = tonic::server::Grpc::new(codec).max_decoding_message_size(max_bytes);
         Ok(grpc.unary(Handler(Some(f)), req).await)
     })
 }
@@ -526,9 +532,12 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let s = self.service.clone();
+        let max = s.max_request_bytes();
         match req.uri().path() {
-            "/v3lockpb.Lock/Lock" => unary(req, move |r| -> Reply<_> { Box::pin(async move { s.lock(r).await }) }),
-            "/v3lockpb.Lock/Unlock" => unary(req, move |r| -> Reply<_> { Box::pin(async move { s.unlock(r).await }) }),
+            "/v3lockpb.Lock/Lock" => unary(req, max, move |r| -> Reply<_> { Box::pin(async move { s.lock(r).await }) }),
+            "/v3lockpb.Lock/Unlock" => {
+                unary(req, max, move |r| -> Reply<_> { Box::pin(async move { s.unlock(r).await }) })
+            }
             _ => unimplemented(),
         }
     }

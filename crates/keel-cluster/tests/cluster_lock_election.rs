@@ -170,6 +170,12 @@ async fn campaign_leader_proclaim_observe_and_resign_follow_etcd() {
     let l2 = grant(&c0).await;
 
     assert_etcd_error(e.leader("e").await, "election: no leader");
+    // A request over the member's request size limit is refused by gRPC as the KV service
+    // refuses one (tonic's OutOfRange where etcd's gRPC says ResourceExhausted).
+    let big = status(e.campaign("e", vec![b'x'; 200 * 1024], l1).await);
+    let put = status(c0.put("e-big", vec![b'x'; 200 * 1024], None).await);
+    assert_eq!(big.code(), put.code());
+    assert!(big.message().contains("the limit is: 131072 bytes"), "{big}");
     // Observe from before the first campaign, through another member.
     let mut observe = c1.election_client().observe("e").await.unwrap();
 
