@@ -545,7 +545,61 @@ where
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::mvcc::{Record, KV, META, REV_KEY};
+    use crate::state_machine::StateMachine;
+    use std::time::Duration;
+
+    fn commit(sm: &crate::state_machine::Shared, rev: i64, key: &[u8]) {
+        let mut t = sm.db.begin_write().unwrap();
+        let r = Record { create_revision: rev, mod_revision: rev, version: 1, lease: 0, value: b"v".to_vec() };
+        t.put(KV, key, &r.encode()).unwrap();
+        t.put(META, REV_KEY, &bincode::serialize(&rev).unwrap()).unwrap();
+        t.commit().unwrap();
+    }
+
+    async fn wake(watch: &mut HubWatch) -> Wake {
+        tokio::time::timeout(Duration::from_secs(10), watch.wake()).await.expect("no wake in 10 s").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_the_hub_dropped_is_told_and_joins_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachine::open(dir.path(), Arc::new(keeldb::fs::StdFs)).unwrap().shared;
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let hub = Hub::start(Arc::clone(&sm), stop_rx);
+        let mut watch = HubWatch::open(&hub, vec![(Span::new(b"k", &[]).unwrap(), false)]).unwrap();
+        // More deliveries than the inbox holds, none taken: the hub drops the watcher.
+        let mut rev = 1;
+        for _ in 0..WAIT_INBOX + 2 {
+            rev += 1;
+            commit(&sm, rev, b"k");
+            for _ in 0..2000 {
+                if hub.dispatched() == rev {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let mut lost = false;
+        for _ in 0..=WAIT_INBOX {
+            if let Wake::Lost = wake(&mut watch).await {
+                lost = true;
+                break;
+            }
+        }
+        assert!(lost, "the dropped watcher was not told");
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), watch.inbox.recv()).await {}
+        // Joined again: the next change reaches it.
+        commit(&sm, rev + 1, b"k");
+        match wake(&mut watch).await {
+            Wake::Events(d) => assert_eq!(d.revision, rev + 1),
+            Wake::Lost => panic!("lost again"),
+        }
+        drop(watch);
+        assert_eq!(hub.synced_len(), 0, "a dropped watch leaves the hub");
+    }
 
     #[test]
     fn prefix_ends_and_session_keys_are_etcds() {
