@@ -28,14 +28,17 @@ fn url(ip: &str, i: usize) -> String {
     format!("http://{ip}:{}", PORTS.0 as usize + i)
 }
 
-async fn start_cluster(dir: &Path, ip: &str) -> Vec<Option<Server>> {
+/// Three members; the indexes of the leader and of a follower.
+async fn start_cluster(dir: &Path, ip: &str) -> (Vec<Option<Server>>, usize, usize) {
     let names = ["c1", "c2", "c3"];
     let mut servers = Vec::new();
     for i in 0..3 {
         servers.push(Some(common::start_retrying(config(dir, ip, &names, i), 30).await));
     }
-    common::wait_leader(&servers, 30).await;
-    servers
+    let leader = common::wait_leader(&servers, 30).await;
+    let at = |want: bool| servers.iter().position(|s| s.as_ref().is_some_and(|s| (s.node.id == leader) == want));
+    let (leader, follower) = (at(true).unwrap(), at(false).unwrap());
+    (servers, leader, follower)
 }
 
 async fn stop_all(servers: Vec<Option<Server>>) {
@@ -94,9 +97,10 @@ async fn until_gone(c: &mut Client, key: &[u8]) {
 async fn a_second_locker_waits_for_the_first_and_a_lock_goes_with_its_lease() {
     let dir = tempfile::tempdir().unwrap();
     let ip = common::loopback_ip(101);
-    let servers = start_cluster(dir.path(), &ip).await;
-    let mut c0 = client(&url(&ip, 0)).await;
-    let c1 = client(&url(&ip, 1)).await;
+    // Holders through the leader, waiters through a follower (whose hub wakes them).
+    let (servers, leader, follower) = start_cluster(dir.path(), &ip).await;
+    let mut c0 = client(&url(&ip, leader)).await;
+    let c1 = client(&url(&ip, follower)).await;
     let (l1, l2) = (grant(&c0).await, grant(&c0).await);
 
     // Uncontended: the key is name/<lease in hex>, held at once.
@@ -162,9 +166,10 @@ async fn a_second_locker_waits_for_the_first_and_a_lock_goes_with_its_lease() {
 async fn campaign_leader_proclaim_observe_and_resign_follow_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let ip = common::loopback_ip(102);
-    let servers = start_cluster(dir.path(), &ip).await;
-    let mut c0 = client(&url(&ip, 0)).await;
-    let c1 = client(&url(&ip, 1)).await;
+    // Holders through the leader, waiters through a follower (whose hub wakes them).
+    let (servers, leader, follower) = start_cluster(dir.path(), &ip).await;
+    let mut c0 = client(&url(&ip, leader)).await;
+    let c1 = client(&url(&ip, follower)).await;
     let mut e = c0.election_client();
     let l1 = grant(&c0).await;
     let l2 = grant(&c0).await;
@@ -239,8 +244,8 @@ async fn campaign_leader_proclaim_observe_and_resign_follow_etcd() {
 async fn with_auth_on_a_lock_needs_the_callers_permission_on_its_keys() {
     let dir = tempfile::tempdir().unwrap();
     let ip = common::loopback_ip(103);
-    let servers = start_cluster(dir.path(), &ip).await;
-    let mut open = client(&url(&ip, 0)).await;
+    let (servers, leader, follower) = start_cluster(dir.path(), &ip).await;
+    let mut open = client(&url(&ip, leader)).await;
     open.user_add("root", "rootpw", None).await.unwrap();
     open.user_grant_role("root", "root").await.unwrap();
     open.role_add("locker").await.unwrap();
@@ -251,7 +256,7 @@ async fn with_auth_on_a_lock_needs_the_callers_permission_on_its_keys() {
     open.auth_enable().await.unwrap();
 
     let options = ConnectOptions::new().with_user("bob", "bob-Pa55word-xyzzy");
-    let bob = Client::connect([url(&ip, 1)], Some(options)).await.unwrap();
+    let bob = Client::connect([url(&ip, follower)], Some(options)).await.unwrap();
     let mut locks = bob.lock_client();
     assert_etcd_error(
         locks.lock("theirs", Some(LockOptions::new().with_lease(lease))).await,
