@@ -214,14 +214,18 @@ async fn campaign_leader_proclaim_observe_and_resign_follow_etcd() {
     e.resign(Some(ResignOptions::new().with_leader(one.clone()))).await.unwrap();
     assert_etcd_error(e.proclaim("x", Some(ProclaimOptions::new().with_leader(one))).await, "election: not leader");
     e.proclaim("v2b", Some(ProclaimOptions::new().with_leader(two.clone()))).await.unwrap();
+    // The leader's lease campaigns again with another value: same place, the new value.
+    let again = e.campaign("e", "v2c", l2).await.unwrap();
+    let again = again.leader().unwrap();
+    assert_eq!((again.key(), again.rev()), (two.key(), two.rev()));
 
     // The observer saw each leader and each value, in order.
     let mut seen = Vec::new();
-    while seen.len() < 4 {
+    while seen.len() < 5 {
         let m = within("observe", observe.message()).await.unwrap().expect("observe stream ended");
         seen.push(String::from_utf8(m.kv().unwrap().value().to_vec()).unwrap());
     }
-    assert_eq!(seen, ["v1", "v1b", "v2", "v2b"]);
+    assert_eq!(seen, ["v1", "v1b", "v2", "v2b", "v2c"]);
 
     // The leader's lease revoked: no leader, and the observer is not told anything.
     c0.lease_revoke(l2).await.unwrap();
