@@ -200,11 +200,14 @@ func (c *checker) elections() {
 	k := w1.Leader
 	say("leader key: name %q, key is name/hex(lease) %v, rev = header %v, lease %v",
 		k.Name, string(k.Key) == keyOf("lc-e", l1), k.Rev == w1.Header.Revision, k.Lease == l1)
-	second := make(chan *v3electionpb.CampaignResponse, 1)
+	type campaigned struct {
+		resp *v3electionpb.CampaignResponse
+		err  error
+	}
+	second := make(chan campaigned, 1)
 	go func() {
 		r, err := c.elect.Campaign(ctx(), &v3electionpb.CampaignRequest{Name: []byte("lc-e"), Lease: l2, Value: []byte("v2")})
-		outcome("second campaign", err)
-		second <- r
+		second <- campaigned{r, err}
 	}()
 	say("second campaigner waits: %v", waiting(second))
 	_, err = c.elect.Proclaim(ctx(), &v3electionpb.ProclaimRequest{Leader: k, Value: []byte("v1b")})
@@ -221,7 +224,9 @@ func (c *checker) elections() {
 	outcome("resign without a leader key", err)
 	_, err = c.elect.Resign(ctx(), &v3electionpb.ResignRequest{Leader: k})
 	outcome("resign", err)
-	w2 := <-second
+	got := <-second
+	outcome("second campaign", got.err)
+	w2 := got.resp
 	say("second header revision above the first: %v", w2.Header.Revision > w1.Header.Revision)
 	_, err = c.elect.Resign(ctx(), &v3electionpb.ResignRequest{Leader: k})
 	outcome("resign again with the old key", err)
