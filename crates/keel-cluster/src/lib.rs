@@ -10,9 +10,11 @@ pub mod backup;
 pub mod compactor;
 pub mod config;
 pub mod curp;
+pub mod election_api;
 pub mod etcd_api;
 pub mod files;
 pub mod lease;
+pub mod lock_api;
 pub mod log_store;
 pub mod mvcc;
 pub mod network;
@@ -99,7 +101,9 @@ impl Server {
                 .add_service(PbWatchServer::new(watch.clone()))
                 .add_service(PbLeaseServer::new(api.clone()))
                 .add_service(auth_api::AuthServer::new(api.clone()))
-                .add_service(curp::service::CurpServer::new(Arc::clone(&node)));
+                .add_service(curp::service::CurpServer::new(Arc::clone(&node)))
+                .add_service(lock_api::LockServer::new(api.clone(), Arc::clone(watch.hub())))
+                .add_service(election_api::ElectionServer::new(api.clone(), Arc::clone(watch.hub())));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
             tasks.push(tokio::spawn(async move {

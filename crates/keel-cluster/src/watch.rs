@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 pub use event::{decode, Batch, Commit, DecodeError, Event};
-pub use hub::{victims_total, Delivery, Hub, Join};
+pub use hub::{victims_total, Delivery, Hub, Join, Victims};
 pub use index::{Index, Span, Target};
 
 use crate::node::Node;
