@@ -176,7 +176,12 @@ impl Session {
             let step = tokio::select! {
                 biased;
                 _ = self.out.closed() => Step::Stop,
-                _ = async { let _ = stopping.wait_for(|s| *s).await; } => Step::Stop,
+                _ = async { let _ = stopping.wait_for(|s| *s).await; } => {
+                    // A status clients retry elsewhere (clientv3 resumes a watch on
+                    // Unavailable); a bare end of stream reaches the application as EOF.
+                    let _ = self.out.send(Err(Status::unavailable("etcdserver: server stopped"))).await;
+                    Step::Stop
+                }
                 r = requests.message() => match r {
                     Ok(Some(r)) => Step::Request(Box::new(r)),
                     _ => Step::Stop,

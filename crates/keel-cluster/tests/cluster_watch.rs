@@ -693,3 +693,25 @@ fn rss_kib() -> usize {
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// A member that stops ends its watch streams with Unavailable, which clientv3 retries on
+/// another member; a bare end of stream reaches the application as `watch chan error: EOF`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_member_ends_its_watch_streams_with_a_status_clients_retry() {
+    let mut cluster = Cluster::start(8, |c| c).await;
+    let f = cluster.follower().await;
+    let mut c = cluster.client(f).await;
+    let mut stream = c.watch("k", None).await.unwrap();
+    let created = stream.message().await.unwrap().unwrap();
+    assert!(created.created());
+    let server = cluster.servers[f].take().unwrap();
+    server.stop().await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("the stream must end");
+    match ended {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+        }
+        other => panic!("the stream must end with a status clients retry, not {other:?}"),
+    }
+    cluster.stop().await;
+}
