@@ -141,12 +141,14 @@ impl ServeCommand {
                 key_file: self.key_file,
                 trusted_ca_file: self.trusted_ca_file,
                 client_cert_auth: self.client_cert_auth,
+                ..TlsFiles::default()
             },
             peer_tls: TlsFiles {
                 cert_file: self.peer_cert_file,
                 key_file: self.peer_key_file,
                 trusted_ca_file: self.peer_trusted_ca_file,
                 client_cert_auth: self.peer_client_cert_auth,
+                ..TlsFiles::default()
             },
             name: self.name,
             fs: ServeConfig::default().fs,

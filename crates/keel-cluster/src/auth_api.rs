@@ -145,7 +145,8 @@ pub fn cert_user(client_cert_auth: bool, mut req: tonic::Request<()>) -> Result<
     if !client_cert_auth {
         return Ok(req);
     }
-    let name = req.peer_certs().and_then(|chain| chain.first().and_then(|cert| common_name(cert.as_ref())));
+    let certs = req.extensions().get::<crate::listener::ClientConnInfo>().and_then(|c| c.peer_certs.clone());
+    let name = certs.and_then(|chain| chain.first().and_then(|cert| common_name(cert.as_ref())));
     if let Some(value) = name.and_then(|n| tonic::metadata::MetadataValue::try_from(n.as_str()).ok()) {
         req.metadata_mut().insert(CERT_USER, value);
     }

@@ -40,6 +40,21 @@ pub struct TlsFiles {
     pub trusted_ca_file: Option<PathBuf>,
     /// Refuse a TLS connection whose certificate is missing or not signed by `trusted_ca_file`.
     pub client_cert_auth: bool,
+    /// Certificates revoked by this list (PEM or DER) are refused (`--client-crl-file`,
+    /// `--peer-crl-file`). Read when the member starts.
+    pub crl_file: Option<PathBuf>,
+    /// Only certificates with one of these subject common names are accepted
+    /// (`--peer-cert-allowed-cn`; peers only).
+    pub allowed_cns: Vec<String>,
+    /// Only certificates valid for one of these host names or IP addresses are accepted
+    /// (`--peer-cert-allowed-hostname`, `--client-cert-allowed-hostname`).
+    pub allowed_hostnames: Vec<String>,
+    /// `--tls-min-version` / `--tls-max-version`: `TLS1.2` or `TLS1.3` (empty: TLS1.2 and the
+    /// newest); etcd's older versions are refused at start.
+    pub min_version: String,
+    pub max_version: String,
+    /// `--cipher-suites`: Go's names of the suites allowed (empty: every suite rustls has).
+    pub cipher_suites: Vec<String>,
 }
 
 /// The flag names of one [`TlsFiles`], for error messages.
@@ -49,6 +64,9 @@ pub struct TlsFlags {
     pub key_file: &'static str,
     pub trusted_ca_file: &'static str,
     pub client_cert_auth: &'static str,
+    pub crl_file: &'static str,
+    pub allowed_cns: &'static str,
+    pub allowed_hostnames: &'static str,
 }
 
 /// etcd's flags for client TLS.
@@ -57,6 +75,9 @@ pub const CLIENT_TLS_FLAGS: TlsFlags = TlsFlags {
     key_file: "--key-file",
     trusted_ca_file: "--trusted-ca-file",
     client_cert_auth: "--client-cert-auth",
+    crl_file: "--client-crl-file",
+    allowed_cns: "--client-cert-allowed-cn",
+    allowed_hostnames: "--client-cert-allowed-hostname",
 };
 
 /// etcd's flags for peer TLS.
@@ -65,11 +86,21 @@ pub const PEER_TLS_FLAGS: TlsFlags = TlsFlags {
     key_file: "--peer-key-file",
     trusted_ca_file: "--peer-trusted-ca-file",
     client_cert_auth: "--peer-client-cert-auth",
+    crl_file: "--peer-crl-file",
+    allowed_cns: "--peer-cert-allowed-cn",
+    allowed_hostnames: "--peer-cert-allowed-hostname",
 };
+
+/// Whether a URL asks for a Unix domain socket (`unix://path`, `unixs://path` with TLS): as
+/// etcd, everything after the scheme is the socket's file name (`unix://localhost:2379` is the
+/// file `localhost:2379` in the working directory).
+pub fn is_unix(url: &str) -> bool {
+    url.starts_with("unix://") || url.starts_with("unixs://")
+}
 
 /// Whether a URL asks for TLS.
 pub fn is_https(url: &str) -> bool {
-    url.starts_with("https://")
+    url.starts_with("https://") || url.starts_with("unixs://")
 }
 
 impl TlsFiles {
@@ -91,6 +122,23 @@ impl TlsFiles {
                 })
             }
             _ => {}
+        }
+        if !self.allowed_cns.is_empty() && !self.allowed_hostnames.is_empty() {
+            return Err(ConfigError::Invalid {
+                flag: flags.allowed_cns,
+                why: format!("and {} are mutually exclusive", flags.allowed_hostnames),
+            });
+        }
+        for (flag, version) in [("--tls-min-version", &self.min_version), ("--tls-max-version", &self.max_version)] {
+            if !matches!(version.as_str(), "" | "TLS1.2" | "TLS1.3") {
+                return Err(ConfigError::Invalid {
+                    flag,
+                    why: format!("{version:?}: KeelDB supports TLS1.2 and TLS1.3 (rustls has no older versions)"),
+                });
+            }
+        }
+        if self.min_version == "TLS1.3" && self.max_version == "TLS1.2" {
+            return Err(ConfigError::Invalid { flag: "--tls-min-version", why: "is above --tls-max-version".into() });
         }
         if self.client_cert_auth && self.trusted_ca_file.is_none() {
             return Err(ConfigError::Invalid {
@@ -222,6 +270,13 @@ pub fn parse_initial_cluster(text: &str) -> Result<BTreeMap<String, Vec<String>>
 
 /// Accepts `http://host:port` and `https://host:port`.
 pub fn check_url(flag: &'static str, url: &str) -> Result<(), ConfigError> {
+    // (peer URLs given by clients, `member add`, never name a unix socket: see `validate`.)
+    if let Some(path) = url.strip_prefix("unix://").or_else(|| url.strip_prefix("unixs://")) {
+        if path.is_empty() {
+            return Err(ConfigError::Invalid { flag, why: format!("{url:?} names no socket file") });
+        }
+        return Ok(());
+    }
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
@@ -290,6 +345,12 @@ impl ServeConfig {
             }
             for u in urls {
                 check_url(flag, u)?;
+                if is_unix(u) && flag.contains("peer") {
+                    return Err(ConfigError::Invalid {
+                        flag,
+                        why: format!("{u:?}: KeelDB's peer links run over TCP (unix sockets serve clients only)"),
+                    });
+                }
             }
         }
         let mine = self.initial_cluster.get(&self.name).ok_or_else(|| ConfigError::Invalid {

@@ -14,6 +14,7 @@ pub mod election_api;
 pub mod etcd_api;
 pub mod files;
 pub mod lease;
+pub mod listener;
 pub mod lock_api;
 pub mod log_store;
 pub mod mvcc;
@@ -61,37 +62,29 @@ impl Server {
         // replicated state (so MemberList shows every serving member's URLs); the listeners
         // are bound now so that the ports are this member's.
         let (published_tx, published_rx) = tokio::sync::watch::channel(false);
-        for url in &node.config.listen_client_urls {
-            let addr = network::url_addr(url);
-            let listener = tokio::net::TcpListener::bind(&addr)
-                .await
-                .map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
-            client_addrs.push(listener.local_addr().map_err(|e| StartError::Listen { url: url.clone(), source: e })?);
-            // Without TCP_NODELAY small gRPC replies wait for the peer's delayed ACK (40 ms).
-            let incoming =
-                tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
-                    s.and_then(|s| s.set_nodelay(true).map(|()| s))
-                });
-            let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
-            if config::is_https(url) {
-                // validate() refuses an https URL without --cert-file, and
-                // client_listener_tls() already built this configuration once.
-                let Some(tls) = &client_tls else {
-                    node.shutdown().await;
-                    return Err(
+        let listeners = match listener::bind(&node.config.listen_client_urls, client_tls).await {
+            Ok(l) => l,
+            Err(e) => {
+                node.shutdown().await;
+                return Err(match e {
+                    listener::ListenError::Bind { url, source } => StartError::Listen { url, source },
+                    listener::ListenError::NoCertificate { url } => {
                         ConfigError::Invalid { flag: "--cert-file", why: format!("is required by {url}") }.into()
-                    );
-                };
-                builder = match builder.tls_config(tls.clone()) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        node.shutdown().await;
-                        return Err(
-                            ConfigError::Tls { flag: "--cert-file", path: String::new(), why: e.to_string() }.into()
-                        );
                     }
-                };
+                });
             }
+        };
+        for bound in listeners {
+            match bound.endpoint() {
+                Ok(listener::Endpoint::Tcp(addr)) => client_addrs.push(addr),
+                Ok(listener::Endpoint::Unix(_)) => {}
+                Err(source) => {
+                    node.shutdown().await;
+                    return Err(StartError::Listen { url: bound.urls.join(","), source });
+                }
+            }
+            let incoming = bound.incoming();
+            let builder = tonic::transport::Server::builder().tcp_nodelay(true);
             let cert_auth = node.config.client_tls.client_cert_auth;
             let router = builder
                 .layer(tonic::service::InterceptorLayer::new(move |req| auth_api::cert_user(cert_auth, req)))

@@ -17,12 +17,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
+use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::rustls::{
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+    SupportedCipherSuite, SupportedProtocolVersion,
+};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::config::{is_https, ConfigError, TlsFiles, TlsFlags, CLIENT_TLS_FLAGS, PEER_TLS_FLAGS};
@@ -32,9 +37,142 @@ use crate::network::url_addr;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// rustls with ring only, named explicitly so that no other crate's choice of provider can
-/// change (or make ambiguous) what the member uses.
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(ring::default_provider())
+/// change (or make ambiguous) what the member uses, with only the cipher suites `--cipher-suites` names (Go's names, as etcd takes
+/// them); every suite when the list is empty. A name rustls does not have is a start error.
+fn provider_for(files: &TlsFiles) -> Result<Arc<CryptoProvider>, ConfigError> {
+    let mut p = ring::default_provider();
+    if files.cipher_suites.is_empty() {
+        return Ok(Arc::new(p));
+    }
+    let mut chosen: Vec<SupportedCipherSuite> = Vec::new();
+    for name in &files.cipher_suites {
+        let suite = p.cipher_suites.iter().find(|s| go_suite_name(s).is_some_and(|n| n == name)).ok_or_else(|| {
+            ConfigError::Invalid {
+                flag: "--cipher-suites",
+                why: format!("{name:?} is not a cipher suite KeelDB supports (ECDHE with AES-GCM or ChaCha20)"),
+            }
+        })?;
+        chosen.push(*suite);
+    }
+    // TLS 1.3's suites are not configurable in Go (and so in etcd): always offered.
+    chosen.extend(p.cipher_suites.iter().filter(|s| s.tls13().is_some()).copied());
+    p.cipher_suites = chosen;
+    Ok(Arc::new(p))
+}
+
+/// Go's `tls.CipherSuiteName` of a TLS 1.2 suite rustls has (TLS 1.3 suites: `None`).
+fn go_suite_name(s: &SupportedCipherSuite) -> Option<&'static str> {
+    use tokio_rustls::rustls::CipherSuite::*;
+    Some(match s.suite() {
+        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 => "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 => "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 => "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        _ => return None,
+    })
+}
+
+/// The protocol versions `--tls-min-version` and `--tls-max-version` allow (validated before).
+fn versions(files: &TlsFiles) -> &'static [&'static SupportedProtocolVersion] {
+    use tokio_rustls::rustls::version::{TLS12, TLS13};
+    static ONLY_13: [&SupportedProtocolVersion; 1] = [&TLS13];
+    static ONLY_12: [&SupportedProtocolVersion; 1] = [&TLS12];
+    static BOTH: [&SupportedProtocolVersion; 2] = [&TLS13, &TLS12];
+    match (files.min_version.as_str(), files.max_version.as_str()) {
+        ("TLS1.3", _) => &ONLY_13,
+        (_, "TLS1.2") => &ONLY_12,
+        _ => &BOTH,
+    }
+}
+
+/// A client-certificate verifier that, after the chain checks out, also requires one of
+/// etcd's allowed common names or host names (`--peer-cert-allowed-cn`,
+/// `--peer-cert-allowed-hostname`, `--client-cert-allowed-hostname`).
+#[derive(Debug)]
+struct AllowedNames {
+    inner: Arc<dyn ClientCertVerifier>,
+    cns: Vec<String>,
+    hostnames: Vec<String>,
+}
+
+impl AllowedNames {
+    fn admits(&self, der: &[u8]) -> bool {
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return false };
+        if !self.cns.is_empty() {
+            return cert
+                .subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok())
+                .any(|cn| self.cns.iter().any(|allowed| allowed == cn));
+        }
+        let Ok(Some(san)) = cert.subject_alternative_name() else { return false };
+        self.hostnames.iter().any(|host| {
+            san.value.general_names.iter().any(|name| match name {
+                x509_parser::extensions::GeneralName::DNSName(dns) => dns_matches(dns, host),
+                x509_parser::extensions::GeneralName::IPAddress(ip) => {
+                    host.parse::<std::net::IpAddr>().is_ok_and(|h| match h {
+                        std::net::IpAddr::V4(v4) => *ip == v4.octets(),
+                        std::net::IpAddr::V6(v6) => *ip == v6.octets(),
+                    })
+                }
+                _ => false,
+            })
+        })
+    }
+}
+
+/// Whether a certificate's DNS name (possibly `*.example.com`) covers `host`, case-insensitive.
+fn dns_matches(pattern: &str, host: &str) -> bool {
+    let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => host.split_once('.').is_some_and(|(label, rest)| !label.is_empty() && rest == suffix),
+        None => pattern == host,
+    }
+}
+
+impl ClientCertVerifier for AllowedNames {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, tokio_rustls::rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        if !self.admits(end_entity.as_ref()) {
+            return Err(tokio_rustls::rustls::Error::General(
+                "client certificate authentication failed (not an allowed name)".into(),
+            ));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 fn tls_err(flag: &'static str, path: &Path, why: impl std::fmt::Display) -> ConfigError {
@@ -69,12 +207,32 @@ fn parse_roots(flag: &'static str, path: &Path, pem: &[u8]) -> Result<Arc<RootCe
 
 /// One side's files, read and parsed.
 struct Loaded {
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     /// The CA file's PEM and its certificates, if given.
     roots: Option<(Vec<u8>, Arc<RootCertStore>)>,
+    /// The revocation lists of `--client-crl-file` / `--peer-crl-file`.
+    crls: Vec<CertificateRevocationListDer<'static>>,
+}
+
+/// A CRL file: PEM (one or more `X509 CRL` blocks) or a single DER list, as etcd reads it.
+fn parse_crls(
+    flag: &'static str,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<Vec<CertificateRevocationListDer<'static>>, ConfigError> {
+    if bytes.starts_with(b"-----") {
+        let crls = CertificateRevocationListDer::pem_slice_iter(bytes)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls_err(flag, path, format!("not a PEM CRL file: {e}")))?;
+        if crls.is_empty() {
+            return Err(tls_err(flag, path, "holds no PEM certificate revocation list"));
+        }
+        return Ok(crls);
+    }
+    <x509_parser::revocation_list::CertificateRevocationList as x509_parser::prelude::FromDer<_>>::from_der(bytes)
+        .map_err(|e| tls_err(flag, path, format!("not a certificate revocation list: {e}")))?;
+    Ok(vec![CertificateRevocationListDer::from(bytes.to_vec())])
 }
 
 /// Reads and parses `files`; `None` if no certificate is configured.
@@ -87,28 +245,45 @@ fn load(files: &TlsFiles, flags: TlsFlags) -> Result<Option<Loaded>, ConfigError
         }
         None => None,
     };
+    let crls = match &files.crl_file {
+        Some(path) => parse_crls(flags.crl_file, path, &read_file(flags.crl_file, path)?)?,
+        None => Vec::new(),
+    };
     let (Some(cert_path), Some(key_path)) = (&files.cert_file, &files.key_file) else { return Ok(None) };
     let cert_pem = read_file(flags.cert_file, cert_path)?;
     let key_pem = read_file(flags.key_file, key_path)?;
     let chain = parse_certs(flags.cert_file, cert_path, &cert_pem)?;
     let key = parse_key(flags.key_file, key_path, &key_pem)?;
-    Ok(Some(Loaded { cert_pem, key_pem, chain, key, roots }))
+    Ok(Some(Loaded { chain, key, roots, crls }))
 }
 
 /// A rustls server configuration: this side's certificate, and with `client_cert_auth` a
 /// verifier that requires a client certificate signed by the trusted CA.
 fn server_config(files: &TlsFiles, flags: TlsFlags, loaded: &Loaded) -> Result<ServerConfig, ConfigError> {
     let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+    let provider = provider_for(files)?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(versions(files))
         .map_err(|e| tls_err(flags.cert_file, cert_path, e))?;
     let builder = match (&loaded.roots, files.client_cert_auth) {
         (Some((_, roots)), true) => {
             let ca_path = files.trusted_ca_file.as_deref().unwrap_or(Path::new(""));
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), provider())
-                .build()
-                .map_err(|e| tls_err(flags.trusted_ca_file, ca_path, e))?;
-            builder.with_client_cert_verifier(verifier)
+            let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), provider);
+            if !loaded.crls.is_empty() {
+                // A revoked certificate is refused; one whose issuer published no list here is
+                // not (etcd checks serial numbers against the file the same way).
+                verifier = verifier.with_crls(loaded.crls.iter().cloned()).allow_unknown_revocation_status();
+            }
+            let verifier = verifier.build().map_err(|e| tls_err(flags.trusted_ca_file, ca_path, e))?;
+            if files.allowed_cns.is_empty() && files.allowed_hostnames.is_empty() {
+                builder.with_client_cert_verifier(verifier)
+            } else {
+                builder.with_client_cert_verifier(Arc::new(AllowedNames {
+                    inner: verifier,
+                    cns: files.allowed_cns.clone(),
+                    hostnames: files.allowed_hostnames.clone(),
+                }))
+            }
         }
         (None, true) => {
             return Err(ConfigError::Invalid {
@@ -124,27 +299,17 @@ fn server_config(files: &TlsFiles, flags: TlsFlags, loaded: &Loaded) -> Result<S
         .map_err(|e| tls_err(flags.key_file, files.key_file.as_deref().unwrap_or(Path::new("")), e))
 }
 
-/// The client listeners' TLS settings (`None` without `--cert-file`). The files are parsed
-/// and a rustls configuration is built here, so that every problem is a startup error with
-/// the flag and path in it; tonic then builds the same configuration from the same bytes.
-pub fn client_listener_tls(files: &TlsFiles) -> Result<Option<tonic::transport::ServerTlsConfig>, ConfigError> {
+/// The client listeners' TLS configuration (`None` without `--cert-file`), built here so that
+/// every problem is a startup error with the flag and path in it. The listeners run the
+/// handshakes themselves (`listener.rs`): tonic's own TLS knows no CRLs, versions, cipher
+/// suites or allowed names.
+pub fn client_listener_tls(files: &TlsFiles) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
     let flags = CLIENT_TLS_FLAGS;
     let Some(loaded) = load(files, flags)? else { return Ok(None) };
-    server_config(files, flags, &loaded)?;
-    // tonic asks rustls for the process's default provider; make it ring if nobody chose.
-    let _ = CryptoProvider::install_default(ring::default_provider());
-    let identity = tonic::transport::Identity::from_pem(&loaded.cert_pem, &loaded.key_pem);
-    let mut config = tonic::transport::ServerTlsConfig::new().identity(identity).timeout(HANDSHAKE_TIMEOUT);
-    if files.client_cert_auth {
-        if let Some((pem, _)) = &loaded.roots {
-            config = config.client_ca_root(tonic::transport::Certificate::from_pem(pem));
-        }
-    }
-    let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
-    tonic::transport::Server::builder()
-        .tls_config(config.clone())
-        .map_err(|e| tls_err(flags.cert_file, cert_path, e))?;
-    Ok(Some(config))
+    let mut config = server_config(files, flags, &loaded)?;
+    // gRPC runs over HTTP/2 only.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(Arc::new(config)))
 }
 
 /// Peer links' TLS: an acceptor for https peer listeners and a connector for dialling
@@ -174,8 +339,8 @@ impl PeerTls {
         let connector = match &loaded.roots {
             Some((_, roots)) => {
                 let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
-                let config = ClientConfig::builder_with_provider(provider())
-                    .with_safe_default_protocol_versions()
+                let config = ClientConfig::builder_with_provider(provider_for(files)?)
+                    .with_protocol_versions(versions(files))
                     .map_err(|e| tls_err(flags.cert_file, cert_path, e))?
                     .with_root_certificates(Arc::clone(roots))
                     .with_client_auth_cert(loaded.chain.clone(), loaded.key.clone_key())

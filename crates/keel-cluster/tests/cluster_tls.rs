@@ -40,12 +40,41 @@ impl Ca {
     /// A certificate for `sans` (IPs or names) usable both as a server's and as a client's
     /// (a member's peer certificate is both), as PEM (cert, key).
     fn issue(&self, common_name: &str, sans: &[&str]) -> (String, String) {
+        self.issue_numbered(common_name, sans, None)
+    }
+
+    /// [`Ca::issue`] with a chosen serial number (to revoke it in a CRL).
+    fn issue_numbered(&self, common_name: &str, sans: &[&str], serial: Option<u64>) -> (String, String) {
         let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.serial_number = serial.map(rcgen::SerialNumber::from);
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+}
+
+impl Ca {
+    /// A revocation list (PEM) naming the certificates with these serial numbers.
+    fn crl(&self, serials: &[u64]) -> String {
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(*s),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params.signed_by(&self.issuer).unwrap().pem().unwrap()
     }
 }
 
@@ -72,6 +101,7 @@ impl Files {
             key_file: Some(key),
             trusted_ca_file: Some(ca.to_path_buf()),
             client_cert_auth,
+            ..TlsFiles::default()
         }
     }
 }
@@ -305,6 +335,67 @@ async fn a_verified_certificate_common_name_is_the_user_when_no_token_is_sent() 
         tonic_prost::ProstCodec::<etcd_client::proto::PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
     let spoofed = grpc.unary(request, path, codec).await.unwrap_err();
     assert_eq!(spoofed.code(), tonic::Code::PermissionDenied);
+    stop_all(servers).await;
+}
+
+/// etcd's `--client-crl-file`: a client whose certificate the list revokes is refused at the
+/// handshake; another certificate of the same CA is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(10);
+    let mut cfg = config(dir.path(), &pki, &ip, &["solo"], 0);
+    cfg.client_tls.crl_file = Some(pki.files.write("revoked.crl", &pki.ca.crl(&[4242])));
+    let servers = vec![Server::start(cfg).await.unwrap()];
+    wait_leader(&servers).await;
+    let url = format!("https://{ip}:24790");
+    let good = pki.ca.issue_numbered("good", &[], Some(77));
+    put_eventually(&url, &pki.ca.pem, Some(&good), "ok").await.unwrap();
+    let revoked = pki.ca.issue_numbered("revoked", &[], Some(4242));
+    let mut c = tls_client(&url, &pki.ca.pem, Some(&revoked)).await;
+    assert!(c.put("revoked", "v", None).await.is_err(), "a revoked certificate must be refused");
+    let mut c = tls_client(&url, &pki.ca.pem, Some(&good)).await;
+    assert_eq!(c.get("revoked", None).await.unwrap().count(), 0);
+    stop_all(servers).await;
+}
+
+/// One port for `http://` and `https://` (etcd serves both when both URLs name it), and a Unix
+/// domain socket (`unix://`), each answering gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_port_serves_http_and_https_and_a_unix_socket_serves_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ip = base_ip(11);
+    let mut cfg = config(dir.path(), &pki, &ip, &["solo"], 0);
+    cfg.client_tls.client_cert_auth = false;
+    let socket = dir.path().join("keel.sock");
+    cfg.listen_client_urls =
+        vec![format!("http://{ip}:24790"), format!("https://{ip}:24790"), format!("unix://{}", socket.display())];
+    let servers = vec![Server::start(cfg).await.unwrap()];
+    wait_leader(&servers).await;
+    put_eventually(&format!("https://{ip}:24790"), &pki.ca.pem, None, "over-tls").await.unwrap();
+    let mut plain = Client::connect([format!("http://{ip}:24790")], None).await.unwrap();
+    assert_eq!(plain.get("over-tls", None).await.unwrap().count(), 1);
+    plain.put("over-plain", "v", None).await.unwrap();
+    // A unix socket: tonic with a connector that dials the socket file.
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://unix.socket")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+        }))
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let request =
+        tonic::Request::new(etcd_client::proto::PbRangeRequest { key: b"over-plain".to_vec(), ..Default::default() });
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
+    let codec =
+        tonic_prost::ProstCodec::<etcd_client::proto::PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
+    let got = grpc.unary(request, path, codec).await.unwrap().into_inner();
+    assert_eq!(got.kvs.len(), 1);
     stop_all(servers).await;
 }
 
