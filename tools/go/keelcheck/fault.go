@@ -126,62 +126,7 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	call := r.now()
-	var out kvOutput
-	var err error
-	var header *pb.ResponseHeader
-	var body any
-	switch in.Kind {
-	case opPut:
-		r.writes.attempt(in.Value)
-		var resp *clientv3.PutResponse
-		var opts []clientv3.OpOption
-		if mode.prevKV {
-			opts = append(opts, clientv3.WithPrevKV())
-		}
-		resp, err = cli.Put(ctx, in.Key, in.Value, opts...)
-		if err == nil {
-			r.writes.acked(in.Key, in.Value, resp.Header.Revision)
-			header, body = resp.Header, (*pb.PutResponse)(resp)
-		}
-	case opGet:
-		var resp *clientv3.GetResponse
-		var opts []clientv3.OpOption
-		if mode.serializable {
-			opts = append(opts, clientv3.WithSerializable())
-		}
-		if mode.prefix {
-			opts = append(opts, clientv3.WithPrefix())
-		}
-		resp, err = cli.Get(ctx, in.Key, opts...) // linearizable unless serializable
-		if err == nil {
-			header, body = resp.Header, (*pb.RangeResponse)(resp)
-			if len(resp.Kvs) > 0 && !mode.prefix {
-				out.Found, out.Value = true, string(resp.Kvs[0].Value)
-			}
-		}
-	case opCAS:
-		r.writes.attempt(in.Value)
-		var resp *clientv3.TxnResponse
-		resp, err = cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
-			Then(clientv3.OpPut(in.Key, in.Value)).
-			Else(clientv3.OpGet(in.Key)).
-			Commit()
-		if err == nil {
-			header, body = resp.Header, (*pb.TxnResponse)(resp)
-			out.Succeeded = resp.Succeeded
-			if resp.Succeeded {
-				r.writes.acked(in.Key, in.Value, resp.Header.Revision)
-			}
-			if !resp.Succeeded {
-				if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
-					err = fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
-				} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-					out.Found, out.Value = true, string(kvs[0].Value)
-				}
-			}
-		}
-	}
+	out, header, body, err := r.send(ctx, cli, in, mode)
 	ret := r.now()
 	if err != nil {
 		out = kvOutput{Unknown: true}
@@ -197,6 +142,61 @@ func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout ti
 		r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
 	}
 	return out, err == nil
+}
+
+// send sends one operation; it returns what the model sees, and the answer's header and body
+// for the header checks.
+func (r *recorder) send(ctx context.Context, cli *clientv3.Client, in kvInput, mode opMode) (out kvOutput, header *pb.ResponseHeader, body any, err error) {
+	switch in.Kind {
+	case opPut:
+		r.writes.attempt(in.Value)
+		var opts []clientv3.OpOption
+		if mode.prevKV {
+			opts = append(opts, clientv3.WithPrevKV())
+		}
+		resp, err := cli.Put(ctx, in.Key, in.Value, opts...)
+		if err != nil {
+			return out, nil, nil, err
+		}
+		r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+		return out, resp.Header, (*pb.PutResponse)(resp), nil
+	case opGet:
+		var opts []clientv3.OpOption
+		if mode.serializable {
+			opts = append(opts, clientv3.WithSerializable())
+		}
+		if mode.prefix {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		resp, err := cli.Get(ctx, in.Key, opts...) // linearizable unless serializable
+		if err != nil {
+			return out, nil, nil, err
+		}
+		if len(resp.Kvs) > 0 && !mode.prefix {
+			out.Found, out.Value = true, string(resp.Kvs[0].Value)
+		}
+		return out, resp.Header, (*pb.RangeResponse)(resp), nil
+	case opCAS:
+		r.writes.attempt(in.Value)
+		resp, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
+			Then(clientv3.OpPut(in.Key, in.Value)).
+			Else(clientv3.OpGet(in.Key)).
+			Commit()
+		if err != nil {
+			return out, nil, nil, err
+		}
+		out.Succeeded = resp.Succeeded
+		if resp.Succeeded {
+			r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+		} else if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
+			return out, nil, nil, fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
+		} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			out.Found, out.Value = true, string(kvs[0].Value)
+		}
+		return out, resp.Header, (*pb.TxnResponse)(resp), nil
+	}
+	return out, nil, nil, fmt.Errorf("unknown operation kind %v", in.Kind)
 }
 
 // doCurp runs a put through the CURP session cc and records it like any other put. An
