@@ -30,6 +30,10 @@ type node struct {
 	cmd        *exec.Cmd
 	exited     chan struct{}
 	startCount int
+	// starts are the times of every start; memberID is the id the member's answers carry
+	// (learned from Status). Together they say which incarnation gave an answer.
+	starts   []time.Time
+	memberID uint64
 }
 
 type cluster struct {
@@ -116,6 +120,8 @@ func (c *cluster) start(i int) error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and SIGKILL if keelcheck dies without cleaning up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Taken before the process exists: every answer received after it is the new one's.
+	nd.starts = append(nd.starts, time.Now())
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", nd.name, err)
@@ -210,6 +216,25 @@ func (c *cluster) dumpStacks(reason string) {
 	}
 }
 
+// incarnations returns every member's start times, in ns since origin, by member id (members
+// whose id was never learned are left out).
+func (c *cluster) incarnations(origin time.Time) incarnations {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in := incarnations{}
+	for _, nd := range c.nodes {
+		if nd.memberID == 0 {
+			continue
+		}
+		starts := make([]int64, 0, len(nd.starts))
+		for _, t := range nd.starts {
+			starts = append(starts, int64(t.Sub(origin)))
+		}
+		in[nd.memberID] = starts
+	}
+	return in
+}
+
 func (c *cluster) killAll() {
 	var wg sync.WaitGroup
 	for i := range c.nodes {
@@ -260,6 +285,11 @@ func (c *cluster) view(ctx context.Context) clusterView {
 			continue
 		}
 		v.up[r.i] = true
+		if r.resp.Header != nil && r.resp.Header.MemberId != 0 {
+			c.mu.Lock()
+			c.nodes[r.i].memberID = r.resp.Header.MemberId
+			c.mu.Unlock()
+		}
 		if r.resp.Leader != 0 {
 			leaders[r.resp.Leader]++
 		}

@@ -194,17 +194,58 @@ func superquorum(n int) int {
 	return f + (f+1)/2 + 1
 }
 
+// bytesField returns the last occurrence of length-delimited field num of a message (nil if
+// absent).
+func bytesField(b []byte, num protowire.Number) ([]byte, error) {
+	var found []byte
+	for len(b) > 0 {
+		n, typ, m := protowire.ConsumeTag(b)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		b = b[m:]
+		if n == num && typ == protowire.BytesType {
+			v, k := protowire.ConsumeBytes(b)
+			if k < 0 {
+				return nil, protowire.ParseError(k)
+			}
+			found = v
+		}
+		k := protowire.ConsumeFieldValue(n, typ, b)
+		if k < 0 {
+			return nil, protowire.ParseError(k)
+		}
+		b = b[k:]
+	}
+	return found, nil
+}
+
+// putResult decodes the etcd PutResponse in field num of a CURP reply (ProposeReply.result is
+// 4, SyncedReply.result is 1).
+func putResult(reply []byte, num protowire.Number) (*pb.PutResponse, error) {
+	b, err := bytesField(reply, num)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.PutResponse{}
+	if err := resp.Unmarshal(b); err != nil {
+		return nil, fmt.Errorf("curp: put result: %w", err)
+	}
+	return resp, nil
+}
+
 // put writes key=value as one CURP command; it retries the same command (it applies once)
-// until ctx ends. fast reports the path; an error means the outcome is unknown.
-func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, err error) {
+// until ctx ends. fast reports the path, resp is the answer the path gave (a speculative one
+// on the fast path); an error means the outcome is unknown.
+func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, resp *pb.PutResponse, err error) {
 	c.seq++
 	body, err := (&pb.PutRequest{Key: []byte(key), Value: []byte(value)}).Marshal()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil {
-			return false, ctx.Err()
+			return false, nil, ctx.Err()
 		}
 		msg := commandMsg{client: c.id, seq: c.seq, firstIncomplete: c.seq, term: c.term, body: body}
 		req := msg.encode()
@@ -253,15 +294,19 @@ func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, err
 				pr.voters = append(pr.voters, v)
 			}
 		}); err != nil {
-			return false, err
+			return false, nil, err
 		}
 		if pr.term > c.term {
 			c.term = pr.term
 		}
 		switch pr.status {
 		case curpSynced:
+			resp, err := putResult(out, 4)
+			if err != nil {
+				return false, nil, err
+			}
 			c.slow++
-			return false, nil
+			return false, resp, nil
 		case curpNotLeader:
 			c.leader++
 			for i, m := range c.members {
@@ -273,7 +318,7 @@ func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, err
 			continue
 		case curpSpeculative:
 		default:
-			return false, fmt.Errorf("curp: unknown propose status %d", pr.status)
+			return false, nil, fmt.Errorf("curp: unknown propose status %d", pr.status)
 		}
 		if pr.term == msg.term {
 			needed := superquorum(len(pr.voters)) - 1
@@ -287,8 +332,12 @@ func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, err
 				}
 			}
 			if accepted >= needed {
+				resp, err := putResult(out, 4)
+				if err != nil {
+					return false, nil, err
+				}
 				c.fast++
-				return true, nil
+				return true, resp, nil
 			}
 		}
 		// Slow path: it is in the leader's log; wait until it has applied.
@@ -297,9 +346,13 @@ func (c *curpClient) put(ctx context.Context, key, value string) (fast bool, err
 		w = protowire.AppendVarint(w, c.id)
 		w = protowire.AppendTag(w, 2, protowire.VarintType)
 		w = protowire.AppendVarint(w, c.seq)
-		if _, err := invoke(ctx, leader.conn, "WaitSynced", w); err == nil {
+		if synced, err := invoke(ctx, leader.conn, "WaitSynced", w); err == nil {
+			resp, err := putResult(synced, 1)
+			if err != nil {
+				return false, nil, err
+			}
 			c.slow++
-			return false, nil
+			return false, resp, nil
 		}
 		c.leader++
 	}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
@@ -61,6 +62,9 @@ type faultConfig struct {
 	curpPercent       int
 }
 
+// keyPrefix is the prefix of every key the kv workload writes.
+const keyPrefix = "keelcheck/"
+
 var knownFaults = map[string]bool{"kill-leader": true, "kill-follower": true, "kill-all": true, "restart": true, "none": true}
 
 type recorder struct {
@@ -73,6 +77,8 @@ type recorder struct {
 	// writes, when set, hears of every write attempted and of its revision once acknowledged
 	// (revision 0: not acknowledged); the watch check compares events with them.
 	writes *writeLog
+	// answers holds every acknowledged answer's header for the header-revision checks.
+	answers *answerLog
 }
 
 // serializableGets (--inject-bug serializable) makes the workload's reads serializable: a
@@ -94,71 +100,124 @@ func (r *recorder) add(op porcupine.Operation) {
 	}
 }
 
+// opMode says how an operation is sent and where it is recorded.
+type opMode struct {
+	serializable bool // a get served from the member's own state
+	prefix       bool // a get of every key under in.Key (a range), outside porcupine's model
+	prevKV       bool // a put asking for the previous key-value
+	outsideModel bool // recorded for the header checks only, not in porcupine's history
+}
+
+// label names an operation in the header checks' reports.
+func (m opMode) label(in kvInput) string {
+	switch {
+	case in.Kind == opGet && m.prefix:
+		return "range"
+	case in.Kind == opGet && m.serializable:
+		return "serializable-get"
+	case in.Kind == opPut && m.prevKV:
+		return "put+prev_kv"
+	}
+	return in.Kind.String()
+}
+
 // do runs one operation and records it. An error or timeout makes its outcome unknown.
-func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration, serializable bool) (kvOutput, bool) {
+func (r *recorder) do(cli *clientv3.Client, clientID int, in kvInput, timeout time.Duration, mode opMode) (kvOutput, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	call := r.now()
-	var out kvOutput
-	var err error
-	switch in.Kind {
-	case opPut:
-		r.writes.attempt(in.Value)
-		var resp *clientv3.PutResponse
-		resp, err = cli.Put(ctx, in.Key, in.Value)
-		if err == nil {
-			r.writes.acked(in.Key, in.Value, resp.Header.Revision)
-		}
-	case opGet:
-		var resp *clientv3.GetResponse
-		if serializable {
-			resp, err = cli.Get(ctx, in.Key, clientv3.WithSerializable())
-		} else {
-			resp, err = cli.Get(ctx, in.Key) // linearizable by default
-		}
-		if err == nil && len(resp.Kvs) > 0 {
-			out.Found, out.Value = true, string(resp.Kvs[0].Value)
-		}
-	case opCAS:
-		r.writes.attempt(in.Value)
-		var resp *clientv3.TxnResponse
-		resp, err = cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
-			Then(clientv3.OpPut(in.Key, in.Value)).
-			Else(clientv3.OpGet(in.Key)).
-			Commit()
-		if err == nil {
-			out.Succeeded = resp.Succeeded
-			if resp.Succeeded {
-				r.writes.acked(in.Key, in.Value, resp.Header.Revision)
-			}
-			if !resp.Succeeded {
-				if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
-					err = fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
-				} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-					out.Found, out.Value = true, string(kvs[0].Value)
-				}
-			}
-		}
-	}
+	out, header, body, err := r.send(ctx, cli, in, mode)
 	ret := r.now()
 	if err != nil {
 		out = kvOutput{Unknown: true}
 		ret = infinity
+	} else {
+		class := classLinearizable
+		if mode.serializable {
+			class = classSerializable
+		}
+		r.answers.add(newAnswer(mode.label(in), in.Key, clientID, call, ret, header, body, class))
 	}
-	r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
+	if !mode.outsideModel {
+		r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
+	}
 	return out, err == nil
 }
 
-// doCurp runs a put through the CURP session cc and records it like any other put.
+// send sends one operation; it returns what the model sees, and the answer's header and body
+// for the header checks.
+func (r *recorder) send(ctx context.Context, cli *clientv3.Client, in kvInput, mode opMode) (out kvOutput, header *pb.ResponseHeader, body any, err error) {
+	switch in.Kind {
+	case opPut:
+		r.writes.attempt(in.Value)
+		var opts []clientv3.OpOption
+		if mode.prevKV {
+			opts = append(opts, clientv3.WithPrevKV())
+		}
+		resp, err := cli.Put(ctx, in.Key, in.Value, opts...)
+		if err != nil {
+			return out, nil, nil, err
+		}
+		r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+		return out, resp.Header, (*pb.PutResponse)(resp), nil
+	case opGet:
+		var opts []clientv3.OpOption
+		if mode.serializable {
+			opts = append(opts, clientv3.WithSerializable())
+		}
+		if mode.prefix {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		resp, err := cli.Get(ctx, in.Key, opts...) // linearizable unless serializable
+		if err != nil {
+			return out, nil, nil, err
+		}
+		if len(resp.Kvs) > 0 && !mode.prefix {
+			out.Found, out.Value = true, string(resp.Kvs[0].Value)
+		}
+		return out, resp.Header, (*pb.RangeResponse)(resp), nil
+	case opCAS:
+		r.writes.attempt(in.Value)
+		resp, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(in.Key), "=", in.Expect)).
+			Then(clientv3.OpPut(in.Key, in.Value)).
+			Else(clientv3.OpGet(in.Key)).
+			Commit()
+		if err != nil {
+			return out, nil, nil, err
+		}
+		out.Succeeded = resp.Succeeded
+		if resp.Succeeded {
+			r.writes.acked(in.Key, in.Value, resp.Header.Revision)
+		} else if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
+			return out, nil, nil, fmt.Errorf("txn else branch: want one range response, got %v", resp.Responses)
+		} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			out.Found, out.Value = true, string(kvs[0].Value)
+		}
+		return out, resp.Header, (*pb.TxnResponse)(resp), nil
+	}
+	return out, nil, nil, fmt.Errorf("unknown operation kind %v", in.Kind)
+}
+
+// doCurp runs a put through the CURP session cc and records it like any other put. An
+// answer on the fast path that carries no revision takes no part in the header checks.
 func (r *recorder) doCurp(cc *curpClient, clientID int, in kvInput, timeout time.Duration) (kvOutput, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	call := r.now()
-	_, err := cc.put(ctx, in.Key, in.Value)
+	fast, resp, err := cc.put(ctx, in.Key, in.Value)
 	out, ret := kvOutput{}, r.now()
 	if err != nil {
 		out, ret = kvOutput{Unknown: true}, infinity
+	} else {
+		op, class := "curp-put", classLinearizable
+		if fast {
+			op = "curp-put-fast"
+			if resp.GetHeader().GetRevision() == 0 {
+				class = classNoRevision
+			}
+		}
+		r.answers.add(newAnswer(op, in.Key, clientID, call, ret, resp.GetHeader(), resp, class))
 	}
 	r.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: ret})
 	return out, err == nil
@@ -190,7 +249,7 @@ func runFault(args []string) int {
 	fs.DurationVar(&cfg.checkTimeout, "check-timeout", 5*time.Minute, "total time limit of the linearizability check")
 	fs.StringVar(&cfg.restartState, "restart-cluster-state", "", "--initial-cluster-state on restarts (default: the same flags as the first start, i.e. new)")
 	fs.IntVar(&cfg.maxOps, "max-ops-per-client-round", 100000, "upper bound of operations per client per round")
-	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose; with --watchers, 'watch-drop' and 'watch-dup' drop or repeat one event watcher 0 received; with --workload mutex, 'mutex-skip' makes client 0 enter every tenth section without the lock")
+	fs.StringVar(&cfg.injectBug, "inject-bug", "", "testing the checker: 'read' corrupts one recorded read, 'lost' makes one final read stale, 'header' lowers one recorded answer's header revision below a mod_revision in its body, 'serializable' sends the workload's reads as serializable (local, possibly stale) reads, which faults must expose; with --watchers, 'watch-drop' and 'watch-dup' drop or repeat one event watcher 0 received; with --workload mutex, 'mutex-skip' makes client 0 enter every tenth section without the lock")
 	fs.StringVar(&cfg.workload, "workload", "kv", "kv: put/get/cas checked by porcupine (and by watchers with --watchers); mutex: clientv3 concurrency.Mutex from --clients sessions, checked for two holders at once")
 	fs.IntVar(&cfg.watchers, "watchers", 0, "kv workload: watchers of every key from revision 1, on different members, whose events are checked against the acknowledged writes (exactly once, in revision order, none missing)")
 	fs.IntVar(&cfg.mutexTTL, "mutex-ttl", 10, "mutex workload: session lease TTL in seconds")
@@ -225,11 +284,11 @@ func runFault(args []string) int {
 		cfg.faults = append(cfg.faults, f)
 	}
 	switch cfg.injectBug {
-	case "", "read", "lost", "watch-drop", "watch-dup", "mutex-skip":
+	case "", "read", "lost", "header", "watch-drop", "watch-dup", "mutex-skip":
 	case "serializable":
 		serializableGets = true
 	default:
-		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost, serializable, watch-drop, watch-dup or mutex-skip")
+		fmt.Fprintln(os.Stderr, "keelcheck fault: --inject-bug is read, lost, header, serializable, watch-drop, watch-dup or mutex-skip")
 		return 2
 	}
 	if cfg.netns {
@@ -348,15 +407,15 @@ func faultMain(cfg faultConfig, c *cluster) int {
 
 	keys := make([]string, cfg.keys)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("keelcheck/k%03d", i)
+		keys[i] = fmt.Sprintf("%sk%03d", keyPrefix, i)
 	}
-	rec := &recorder{start: time.Now()}
+	rec := &recorder{start: time.Now(), answers: &answerLog{}}
 	var watchers []*watchChecker
 	watchCtx, stopWatchers := context.WithCancel(ctx)
 	defer stopWatchers()
 	if cfg.watchers > 0 {
 		rec.writes = newWriteLog()
-		watchers = startWatchers(watchCtx, cfg.watchers, c.endpoints(), "keelcheck/")
+		watchers = startWatchers(watchCtx, cfg.watchers, c.endpoints(), keyPrefix, rec.now)
 	}
 	var valueSeq atomic.Int64
 	clis := make([]*clientv3.Client, cfg.clients)
@@ -420,11 +479,21 @@ func faultMain(cfg faultConfig, c *cluster) int {
 				for n := 0; n < cfg.maxOps && time.Now().Before(roundEnd); n++ {
 					key := keys[rn.Intn(len(keys))]
 					var in kvInput
+					mode := opMode{serializable: serializableGets}
+					// Serializable gets and ranges over every key are for the header checks
+					// only: porcupine's model is per key and needs linearizable reads.
 					switch p := rn.Intn(100); {
 					case p < 40:
 						in = kvInput{Kind: opPut, Key: key, Value: fmt.Sprintf("v%d", valueSeq.Add(1))}
+						mode.prevKV = rn.Intn(2) == 0
+					case p < 70:
+						in = kvInput{Kind: opGet, Key: key}
 					case p < 75:
 						in = kvInput{Kind: opGet, Key: key}
+						mode.serializable, mode.outsideModel = true, true
+					case p < 77:
+						in = kvInput{Kind: opGet, Key: keyPrefix}
+						mode.prefix, mode.outsideModel = true, true
 					default:
 						exp, ok := lastSeen[ci][key]
 						if !ok {
@@ -437,7 +506,10 @@ func faultMain(cfg faultConfig, c *cluster) int {
 					if in.Kind == opPut && curps[ci] != nil && rn.Intn(100) < cfg.curpPercent {
 						out, ok = rec.doCurp(curps[ci], clientIDs[ci], in, cfg.opTimeout)
 					} else {
-						out, ok = rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, serializableGets)
+						out, ok = rec.do(clis[ci], clientIDs[ci], in, cfg.opTimeout, mode)
+					}
+					if mode.outsideModel {
+						continue
 					}
 					if !ok {
 						// The unknown op stays pending forever: later ops of this client get a
@@ -487,7 +559,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 			id := int(rec.clientID.Add(1))
 			for _, k := range keys {
 				for attempt := 0; attempt < 10; attempt++ {
-					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second, false)
+					out, ok := rec.do(cli, id, kvInput{Kind: opGet, Key: k}, 5*time.Second, opMode{})
 					if ok {
 						finals[k] = out
 						rec.mu.Lock()
@@ -546,11 +618,18 @@ func faultMain(cfg faultConfig, c *cluster) int {
 		}
 		fmt.Fprintln(os.Stderr, "keelcheck: lost:", l)
 	}
+	answers := rec.answers.list
+	if cfg.injectBug == "header" {
+		injectHeaderBug(answers)
+	}
+	writeAnswers(filepath.Join(cfg.workdir, "answers.json"), answers)
+	headers := checkHeaders(answers, allReceipts(watchers), c.incarnations(rec.start))
+	headers.print()
 	tc := time.Now()
 	violations, undecided := checkHistory(history, cfg)
 	fmt.Printf("keelcheck: checked %d operations (%d after pruning) in %.1fs\n", len(history), len(pruneHistory(history)), time.Since(tc).Seconds())
-	fmt.Printf("keelcheck: rounds=%d ops=%d ok=%d unknown=%d violations=%d lost=%d seed=%d recovered=%v check=%s\n",
-		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), cfg.seed,
+	fmt.Printf("keelcheck: rounds=%d ops=%d ok=%d unknown=%d violations=%d lost=%d header-violations=%d seed=%d recovered=%v check=%s\n",
+		rounds, len(history), rec.ok.Load(), rec.unknown.Load(), violations, len(lost), headers.violations(), cfg.seed,
 		yesNo(recovered), map[bool]string{true: "incomplete", false: "complete"}[undecided > 0])
 	curpFast, curpSlow := 0, 0
 	for _, cc := range curps {
@@ -562,7 +641,7 @@ func faultMain(cfg faultConfig, c *cluster) int {
 		fmt.Printf("keelcheck: curp puts acknowledged: fast=%d slow=%d\n", curpFast, curpSlow)
 	}
 	switch {
-	case violations > 0 || len(lost) > 0 || watchAnomalies > 0:
+	case violations > 0 || len(lost) > 0 || watchAnomalies > 0 || headers.violations() > 0:
 		return 1
 	case cfg.curpPercent > 0 && curpFast == 0:
 		fmt.Fprintln(os.Stderr, "keelcheck: --curp-percent given but no put completed on the fast path: the run did not exercise it")
@@ -738,6 +817,19 @@ func injectBug(kind string, history []porcupine.Operation, finals map[string]kvO
 		}
 		fmt.Fprintln(os.Stderr, "keelcheck: inject-bug: no key with two ordered acknowledged writes")
 	}
+}
+
+// injectHeaderBug lowers the recorded header revision of one answer that carries a key below
+// that key's mod_revision (issue 36's bug), to show that the header checks catch it.
+func injectHeaderBug(answers []answer) {
+	for i := len(answers) / 2; i < len(answers); i++ {
+		if a := &answers[i]; a.MaxModAt != "" && a.MaxMod > 1 {
+			a.Rev = a.MaxMod - 1
+			fmt.Fprintf(os.Stderr, "keelcheck: inject-bug: %s's header revision now %d, below %s's %d\n", a.Op, a.Rev, a.MaxModAt, a.MaxMod)
+			return
+		}
+	}
+	fmt.Fprintln(os.Stderr, "keelcheck: inject-bug: no answer with a key to corrupt")
 }
 
 type historyRecord struct {

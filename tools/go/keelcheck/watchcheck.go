@@ -79,6 +79,10 @@ type watchChecker struct {
 	lastRev   int64      // the newest revision delivered
 	anomalies []string
 	restarts  int // watches opened again after the channel ended
+	// now is the recorder's clock; receipts (one per watch response with events) say which
+	// member sent what when, for the header checks (headers.go).
+	now      func() int64
+	receipts []watchReceipt
 }
 
 func (w *watchChecker) anomaly(format string, args ...any) {
@@ -101,6 +105,7 @@ func (w *watchChecker) run(ctx context.Context) {
 		wctx, cancel := context.WithCancel(ctx)
 		ch := cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(next))
 		for resp := range ch {
+			at := w.now()
 			w.mu.Lock()
 			if resp.CompactRevision > 0 {
 				if resp.CompactRevision > next {
@@ -110,7 +115,9 @@ func (w *watchChecker) run(ctx context.Context) {
 				w.mu.Unlock()
 				break
 			}
+			newest := int64(0)
 			for _, ev := range resp.Events {
+				newest = max(newest, ev.Kv.ModRevision)
 				e := seenEvent{rev: ev.Kv.ModRevision, key: string(ev.Kv.Key), value: string(ev.Kv.Value), isPut: ev.Type == clientv3.EventTypePut}
 				if e.rev < next {
 					w.anomaly("event at revision %d before the watch's start %d", e.rev, next)
@@ -120,6 +127,9 @@ func (w *watchChecker) run(ctx context.Context) {
 					w.lastRev = e.rev
 				}
 				next = e.rev + 1
+			}
+			if len(resp.Events) > 0 {
+				w.receipts = append(w.receipts, watchReceipt{Watcher: w.id, Member: resp.Header.MemberId, At: at, Rev: newest})
 			}
 			w.mu.Unlock()
 		}
@@ -146,12 +156,13 @@ func (w *watchChecker) covered(rev int64) bool {
 	return true
 }
 
-// startWatchers starts n watchers, watcher i first connected to member i mod members.
-func startWatchers(ctx context.Context, n int, endpoints []string, prefix string) []*watchChecker {
+// startWatchers starts n watchers, watcher i first connected to member i mod members; now
+// times their receipts.
+func startWatchers(ctx context.Context, n int, endpoints []string, prefix string, now func() int64) []*watchChecker {
 	var ws []*watchChecker
 	for i := 0; i < n; i++ {
 		eps := append(append([]string{}, endpoints[i%len(endpoints):]...), endpoints[:i%len(endpoints)]...)
-		w := &watchChecker{id: i, endpoints: eps, prefix: prefix}
+		w := &watchChecker{id: i, endpoints: eps, prefix: prefix, now: now}
 		ws = append(ws, w)
 		go w.run(ctx)
 	}
@@ -255,6 +266,17 @@ func checkWatchers(ws []*watchChecker, log *writeLog, finalRev int64, finals map
 		w.mu.Unlock()
 	}
 	return anomalies, events, gaps
+}
+
+// allReceipts returns every watcher's receipts.
+func allReceipts(ws []*watchChecker) []watchReceipt {
+	var out []watchReceipt
+	for _, w := range ws {
+		w.mu.Lock()
+		out = append(out, w.receipts...)
+		w.mu.Unlock()
+	}
+	return out
 }
 
 // injectWatchBug (--inject-bug watch-drop / watch-dup) damages what w received, after the
