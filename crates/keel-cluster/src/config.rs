@@ -483,12 +483,31 @@ mod tests {
     }
 
     #[test]
+    fn tls_versions_and_allowed_names_are_checked_at_start() {
+        let mut c = ServeConfig::default();
+        c.peer_tls.min_version = "TLS1.1".into();
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--tls-min-version", .. })));
+        c.peer_tls.min_version = "TLS1.3".into();
+        c.peer_tls.max_version = "TLS1.2".into();
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--tls-min-version", .. })));
+        c.peer_tls.max_version = String::new();
+        assert!(c.validate().is_ok());
+        c.peer_tls.allowed_cns = vec!["a".into()];
+        c.peer_tls.allowed_hostnames = vec!["b".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--peer-cert-allowed-cn", .. })));
+        c.peer_tls.allowed_hostnames.clear();
+        c.listen_peer_urls = vec!["unix://peer.sock".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--listen-peer-urls", .. })));
+    }
+
+    #[test]
     fn https_urls_need_their_tls_flags_and_http_urls_allow_them() {
         let files = TlsFiles {
             cert_file: Some("c.pem".into()),
             key_file: Some("k.pem".into()),
             trusted_ca_file: Some("ca.pem".into()),
             client_cert_auth: true,
+            ..TlsFiles::default()
         };
         let invalid_flag = |c: &ServeConfig| match c.validate() {
             Err(ConfigError::Invalid { flag, .. }) => Some(flag),

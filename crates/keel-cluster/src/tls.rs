@@ -450,3 +450,50 @@ impl AsyncWrite for PeerStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A certificate with this common name and these SANs, as DER.
+    fn cert(cn: &str, sans: &[&str]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn allowed(cns: &[&str], hostnames: &[&str]) -> AllowedNames {
+        AllowedNames {
+            inner: Arc::new(tokio_rustls::rustls::server::NoClientAuth),
+            cns: cns.iter().map(|s| s.to_string()).collect(),
+            hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn allowed_names_admit_only_the_listed_common_names_or_hosts() {
+        let member = cert("member-1", &["m1.example.com", "127.0.0.7"]);
+        assert!(allowed(&["member-1", "member-2"], &[]).admits(&member));
+        assert!(!allowed(&["member-2"], &[]).admits(&member));
+        assert!(allowed(&[], &["m1.example.com"]).admits(&member));
+        assert!(allowed(&[], &["127.0.0.7"]).admits(&member));
+        assert!(!allowed(&[], &["127.0.0.8", "m2.example.com"]).admits(&member));
+        let wildcard = cert("w", &["*.example.com"]);
+        assert!(allowed(&[], &["m9.example.com"]).admits(&wildcard));
+        assert!(!allowed(&[], &["a.b.example.com"]).admits(&wildcard));
+        assert!(!allowed(&["x"], &[]).admits(b"not a certificate"));
+    }
+
+    #[test]
+    fn cipher_suites_take_go_names_and_refuse_unknown_ones() {
+        let files =
+            TlsFiles { cipher_suites: vec!["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into()], ..TlsFiles::default() };
+        let p = provider_for(&files).unwrap();
+        let tls12: Vec<_> = p.cipher_suites.iter().filter(|s| s.tls13().is_none()).collect();
+        assert_eq!(tls12.len(), 1);
+        assert!(p.cipher_suites.iter().any(|s| s.tls13().is_some()), "TLS 1.3 suites stay");
+        let bad = TlsFiles { cipher_suites: vec!["TLS_RSA_WITH_RC4_128_SHA".into()], ..TlsFiles::default() };
+        assert!(matches!(provider_for(&bad), Err(ConfigError::Invalid { flag: "--cipher-suites", .. })));
+    }
+}
