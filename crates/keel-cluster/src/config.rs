@@ -40,6 +40,10 @@ pub struct TlsFiles {
     pub trusted_ca_file: Option<PathBuf>,
     /// Refuse a TLS connection whose certificate is missing or not signed by `trusted_ca_file`.
     pub client_cert_auth: bool,
+    /// Dial without verifying the other side's certificate: set with `--peer-auto-tls`, whose
+    /// self-signed certificates no CA vouches for (etcd dials them the same way). Encryption
+    /// only; `trusted_ca_file` is then not needed for https peer URLs.
+    pub insecure_skip_verify: bool,
 }
 
 /// The flag names of one [`TlsFiles`], for error messages.
@@ -106,7 +110,7 @@ impl TlsFiles {
                     why: format!("is required by the https URL {url} in {flag}"),
                 });
             }
-            if peer && self.trusted_ca_file.is_none() {
+            if peer && self.trusted_ca_file.is_none() && !self.insecure_skip_verify {
                 return Err(ConfigError::Invalid {
                     flag: flags.trusted_ca_file,
                     why: format!(
@@ -392,6 +396,7 @@ mod tests {
             key_file: Some("k.pem".into()),
             trusted_ca_file: Some("ca.pem".into()),
             client_cert_auth: true,
+            insecure_skip_verify: false,
         };
         let invalid_flag = |c: &ServeConfig| match c.validate() {
             Err(ConfigError::Invalid { flag, .. }) => Some(flag),
@@ -416,6 +421,10 @@ mod tests {
         assert_eq!(invalid_flag(&c), Some("--peer-trusted-ca-file"));
         c.peer_tls = TlsFiles::default();
         assert_eq!(invalid_flag(&c), Some("--peer-cert-file"));
+        // --peer-auto-tls: self-signed certificates, dialled without a CA.
+        c.peer_tls =
+            TlsFiles { trusted_ca_file: None, client_cert_auth: false, insecure_skip_verify: true, ..files.clone() };
+        assert!(c.validate().is_ok());
         c.peer_tls = files;
         assert!(c.validate().is_ok());
     }

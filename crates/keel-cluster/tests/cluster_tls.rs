@@ -72,6 +72,7 @@ impl Files {
             key_file: Some(key),
             trusted_ca_file: Some(ca.to_path_buf()),
             client_cert_auth,
+            insecure_skip_verify: false,
         }
     }
 }
