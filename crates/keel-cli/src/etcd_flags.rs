@@ -318,6 +318,8 @@ pub enum FlagError {
     BadSyntax { arg: String },
     /// An argument after the flags (etcd takes none).
     Positional { arg: String },
+    /// `ETCD_<FLAG>` in the environment beside the same flag on the command line (etcd exits).
+    EnvConflict { var: String },
 }
 
 impl fmt::Display for FlagError {
@@ -338,6 +340,11 @@ impl fmt::Display for FlagError {
             FlagError::BadValue { flag, value, why } => write!(f, "invalid value {value:?} for flag -{flag}: {why}"),
             FlagError::BadSyntax { arg } => write!(f, "bad flag syntax: {arg}"),
             FlagError::Positional { arg } => write!(f, "{arg:?} is not a valid flag"),
+            FlagError::EnvConflict { var } => write!(
+                f,
+                "conflicting environment variable {var} is shadowed by corresponding command-line flag \
+                 (either unset environment variable or disable flag)"
+            ),
         }
     }
 }
@@ -369,9 +376,58 @@ impl Parsed {
     }
 }
 
-/// Parses `args` (without the program or subcommand name) with Go's `flag` rules and checks
-/// each flag against [`FLAGS`]. Ignored legacy flags are reported on stderr, as etcd does.
+/// The environment variable that sets an etcd flag: `ETCD_` and the name in upper case with
+/// `_` for `-` (etcd's `flags.FlagToEnv`).
+pub fn env_name(flag: &str) -> String {
+    format!("ETCD_{}", flag.to_uppercase().replace('-', "_"))
+}
+
+/// [`parse_with_env`] without an environment.
+#[cfg(test)]
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
+    parse_with_env(args, std::iter::empty())
+}
+
+/// Parses `args` (without the program or subcommand name) with Go's `flag` rules, then, as
+/// etcd does, takes each etcd flag not on the command line from `ETCD_<FLAG>` in `env` (the
+/// same flag in both is an error; unknown `ETCD_` variables are warned about), and checks every
+/// value against [`FLAGS`]. Ignored legacy flags are reported on stderr, as etcd does.
+pub fn parse_with_env<S: AsRef<str>>(
+    args: &[S],
+    env: impl Iterator<Item = (String, String)>,
+) -> Result<Parsed, FlagError> {
+    let mut parsed = parse_args(args)?;
+    let on_command_line: Vec<&'static str> = parsed.values.keys().copied().collect();
+    for (var, value) in env {
+        if !var.starts_with("ETCD_") {
+            continue;
+        }
+        if var == "ETCD_VERSION" {
+            eprintln!(
+                "keel: WARNING: cannot set special environment variable ETCD_VERSION={value} (ignored, as etcd does)"
+            );
+            continue;
+        }
+        let Some(flag) = FLAGS.iter().find(|f| f.etcd && env_name(f.name) == var) else {
+            eprintln!("keel: WARNING: unrecognized environment variable {var}={value}");
+            continue;
+        };
+        if on_command_line.contains(&flag.name) {
+            return Err(FlagError::EnvConflict { var });
+        }
+        if value.is_empty() {
+            continue;
+        }
+        let canonical = normalise(flag, &value)?;
+        let value = if flag.kind == Kind::Bool { canonical } else { value };
+        parsed.values.insert(flag.name, value);
+    }
+    check(&parsed)?;
+    Ok(parsed)
+}
+
+/// The command line alone, Go's `flag` rules: the last value of each flag.
+fn parse_args<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
     let mut parsed = Parsed::default();
     let mut i = 0;
     while let Some(arg) = args.get(i).map(AsRef::as_ref) {
@@ -422,7 +478,6 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
         }
         parsed.values.insert(flag.name, value);
     }
-    check(&parsed)?;
     Ok(parsed)
 }
 
@@ -533,7 +588,9 @@ pub fn help() -> String {
         "Usage: keel serve [flags]   (or a keel binary named `etcd`: etcd [flags])\n\n\
          Runs a KeelDB cluster member with etcd 3.6's flags: `--flag value`, `--flag=value`,\n\
          `-flag value` (Go style); a repeated flag's last value wins; bool flags take no\n\
-         separate value (`--auto-tls`, `--auto-tls=false`). See docs/CLUSTER.md.\n\nHonoured:\n",
+         separate value (`--auto-tls`, `--auto-tls=false`). A flag not on the command line may\n\
+         come from ETCD_<FLAG> in the environment (ETCD_INITIAL_CLUSTER=...), as with etcd.\n\
+         See docs/CLUSTER.md.\n\nHonoured:\n",
     );
     for f in FLAGS.iter().filter(|f| matches!(f.support, Support::Used)) {
         out += &format!("  --{}{}\n", f.name, if f.etcd { "" } else { "   (KeelDB's own)" });
@@ -711,6 +768,39 @@ mod tests {
         ] {
             assert!(parse(args).is_ok(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn environment_sets_flags_not_on_the_command_line_as_etcd_does() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert_eq!(env_name("initial-cluster-token"), "ETCD_INITIAL_CLUSTER_TOKEN");
+        let p = parse_with_env(
+            &["--name=x"],
+            env(&[
+                ("ETCD_DATA_DIR", "/d"),
+                ("ETCD_AUTO_TLS", "true"),
+                ("ETCD_NO_SUCH_FLAG", "1"),
+                ("ETCD_VERSION", "1"),
+                ("ETCD_WAL_DIR", ""),
+                ("HOME", "/root"),
+            ])
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(p.get("data-dir"), Some("/d"));
+        assert!(p.is_true("auto-tls"));
+        assert_eq!(p.get("version"), None);
+        assert_eq!(p.get("wal-dir"), None);
+        // The same flag on both sides is refused, as etcd refuses it.
+        let both = parse_with_env(&["--name=x"], env(&[("ETCD_NAME", "y")]).into_iter());
+        assert_eq!(both.unwrap_err(), FlagError::EnvConflict { var: "ETCD_NAME".into() });
+        // Values from the environment are checked like the command line's.
+        let refused = parse_with_env(&["--name=x"], env(&[("ETCD_FORCE_NEW_CLUSTER", "true")]).into_iter());
+        assert_eq!(refused_flag(refused), Some("force-new-cluster"));
+        let bad = parse_with_env(&["--name=x"], env(&[("ETCD_AUTO_TLS", "yes")]).into_iter());
+        assert!(matches!(bad, Err(FlagError::BadValue { flag: "auto-tls", .. })));
     }
 
     #[test]

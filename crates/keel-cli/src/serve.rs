@@ -286,7 +286,7 @@ fn request(args: &[String]) -> Result<Request, Failure> {
     if let Some(sub @ ("gateway" | "grpc-proxy")) = args.first().map(String::as_str) {
         return Err(Failure::usage(anyhow::anyhow!("KeelDB does not support etcd's `{sub}` command")));
     }
-    let parsed = etcd_flags::parse(args).map_err(Failure::usage)?;
+    let parsed = etcd_flags::parse_with_env(args, std::env::vars()).map_err(Failure::usage)?;
     if parsed.help {
         return Ok(Request::Help);
     }

@@ -84,8 +84,8 @@ fn client_url(scheme: &str, i: u16) -> String {
     format!("{scheme}://127.0.0.1:{}", BASE + 2 * i)
 }
 
-fn peer_url(i: u16) -> String {
-    format!("http://127.0.0.1:{}", BASE + 2 * i + 1)
+fn peer_url(scheme: &str, i: u16) -> String {
+    format!("{scheme}://127.0.0.1:{}", BASE + 2 * i + 1)
 }
 
 /// Member `i`'s command line as etcd's e2e framework writes it: `--flag=value` and
@@ -94,14 +94,19 @@ fn peer_url(i: u16) -> String {
 /// wins do the members form one cluster), plus Go's single-dash form and flags KeelDB accepts
 /// only at the value it behaves as.
 fn e2e_args(dir: &Path, i: u16, n: u16, scheme: &str) -> Vec<String> {
-    let cluster: Vec<String> = (0..n).map(|j| format!("m{j}={}", peer_url(j))).collect();
+    e2e_args_peers(dir, (i, 0..n), scheme, "http")
+}
+
+/// [`e2e_args`] for member `i` of the members `ids`, peers on `peer_scheme`.
+fn e2e_args_peers(dir: &Path, (i, ids): (u16, std::ops::Range<u16>), scheme: &str, peer_scheme: &str) -> Vec<String> {
+    let cluster: Vec<String> = ids.map(|j| format!("m{j}={}", peer_url(peer_scheme, j))).collect();
     let url = client_url(scheme, i);
     vec![
         format!("--name=m{i}"),
         format!("--listen-client-urls={url}"),
         format!("--advertise-client-urls={url}"),
-        format!("--listen-peer-urls={}", peer_url(i)),
-        format!("--initial-advertise-peer-urls={}", peer_url(i)),
+        format!("--listen-peer-urls={}", peer_url(peer_scheme, i)),
+        format!("--initial-advertise-peer-urls={}", peer_url(peer_scheme, i)),
         format!("--initial-cluster-token=first-{i}"),
         "--data-dir".into(),
         dir.join(format!("m{i}")).display().to_string(),
@@ -164,10 +169,7 @@ async fn a_member_prints_etcds_ready_line_only_once_it_serves_and_has_published_
 async fn auto_tls_makes_a_certificate_and_serves_tls_clients() {
     let dir = tempfile::tempdir().unwrap();
     let i = 4;
-    let mut args = e2e_args(dir.path(), i, 1, "https");
-    args[0] = format!("--name=m{i}");
-    args.retain(|a| !a.starts_with("-initial-cluster="));
-    args.push(format!("--initial-cluster=m{i}={}", peer_url(i)));
+    let mut args = e2e_args_peers(dir.path(), (i, i..i + 1), "https", "http");
     args.push("--auto-tls".into());
     let mut m = Member::start(keel(), true, &args);
     let line = m.wait_for(READY, Duration::from_secs(60));
@@ -197,6 +199,39 @@ async fn auto_tls_makes_a_certificate_and_serves_tls_clients() {
         Err(_) => false,
     };
     assert!(!plain_put, "a plaintext client was served on the TLS port");
+}
+
+/// etcd's e2e `NewConfigAutoTLS`: three members on https peer URLs with `--peer-auto-tls`,
+/// each with its own self-signed certificate, which the others dial without a CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_auto_tls_members_form_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = 5..8;
+    let mut members: Vec<Member> = ids
+        .clone()
+        .map(|i| {
+            let mut args = e2e_args_peers(dir.path(), (i, ids.clone()), "http", "https");
+            args.push("--peer-auto-tls".into());
+            Member::start(keel(), true, &args)
+        })
+        .collect();
+    for (m, i) in members.iter_mut().zip(ids.clone()) {
+        assert!(m.wait_for(READY, Duration::from_secs(60)).is_some(), "member {i} never ready:\n{}", m.log());
+        let peer = dir.path().join(format!("m{i}")).join("fixtures").join("peer");
+        assert!(peer.join("cert.pem").is_file() && peer.join("key.pem").is_file());
+    }
+    let urls: Vec<String> = ids.clone().map(|i| client_url("http", i)).collect();
+    let mut c = etcd_client::Client::connect(&urls, None).await.unwrap();
+    c.put("over", "tls peers", None).await.unwrap();
+    assert_eq!(c.member_list().await.unwrap().members().len(), 3);
+    // A plaintext dial of a peer port gets no peer service: the port speaks TLS only.
+    use std::io::{Read, Write};
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", BASE + 2 * ids.start + 1)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    raw.write_all(b"hello, plaintext\r\n\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = raw.read(&mut buf).unwrap_or(0);
+    assert!(n == 0 || buf[0] == 0x15, "a TLS peer port answered plaintext with {:?}", &buf[..n]);
 }
 
 #[test]
