@@ -337,7 +337,10 @@ impl fmt::Display for FlagError {
                 }
             }
             FlagError::MissingValue { flag } => write!(f, "flag needs an argument: -{flag}"),
-            FlagError::BadValue { flag, value, why } => write!(f, "invalid value {value:?} for flag -{flag}: {why}"),
+            FlagError::BadValue { flag, value, why } => match lookup(flag).map(|fl| fl.kind) {
+                Some(Kind::Bool) => write!(f, "invalid boolean value {value:?} for -{flag}: {why}"),
+                _ => write!(f, "invalid value {value:?} for flag -{flag}: {why}"),
+            },
             FlagError::BadSyntax { arg } => write!(f, "bad flag syntax: {arg}"),
             FlagError::Positional { arg } => write!(f, "{arg:?} is not a valid flag"),
             FlagError::EnvConflict { var } => write!(
@@ -527,8 +530,8 @@ fn normalise(flag: &'static Flag, value: &str) -> Result<String, FlagError> {
             Some(b) => b.to_string(),
             None => return Err(bad("parse error")),
         },
-        Kind::Duration => format!("{}ns", parse_go_duration(value).ok_or_else(|| bad("invalid duration"))?),
-        Kind::Number => value.trim().parse::<i128>().map_err(|_| bad("not an integer"))?.to_string(),
+        Kind::Duration => format!("{}ns", parse_go_duration(value).ok_or_else(|| bad("parse error"))?),
+        Kind::Number => parse_go_int(value).ok_or_else(|| bad("parse error"))?.to_string(),
         Kind::Text => value.to_string(),
     })
 }
@@ -540,6 +543,34 @@ fn parse_bool(text: &str) -> Option<bool> {
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
         _ => None,
     }
+}
+
+/// Go's `strconv.ParseInt(text, 0, 64)`, which etcd's integer flags use: an optional sign,
+/// then decimal, `0x` hex, `0o` or leading-`0` octal, or `0b` binary; `_` may separate digits
+/// after a base prefix.
+pub fn parse_go_int(text: &str) -> Option<i128> {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits, prefixed) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d.to_string(), true)
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d.to_string(), true)
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d.to_string(), true)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, lower[1..].to_string(), true)
+    } else {
+        (10, lower, false)
+    };
+    let digits = if prefixed { digits.replace('_', "") } else { digits };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let n = i128::from_str_radix(&digits, radix).ok()?;
+    Some(if negative { -n } else { n })
 }
 
 /// Go's `time.ParseDuration`, in nanoseconds: a sequence of decimal numbers with units (`ns`,
@@ -734,7 +765,12 @@ mod tests {
         assert_eq!(parse(&["---name=x"]).unwrap_err(), FlagError::BadSyntax { arg: "---name=x".into() });
         assert_eq!(parse(&["-=x"]).unwrap_err(), FlagError::BadSyntax { arg: "-=x".into() });
         assert_eq!(parse(&["--name"]).unwrap_err(), FlagError::MissingValue { flag: "name" });
-        assert!(matches!(parse(&["--auto-tls=maybe"]).unwrap_err(), FlagError::BadValue { flag: "auto-tls", .. }));
+        // etcd's words for bad values.
+        let bad_bool = parse(&["--auto-tls=maybe"]).unwrap_err();
+        assert!(matches!(bad_bool, FlagError::BadValue { flag: "auto-tls", .. }));
+        assert_eq!(bad_bool.to_string(), "invalid boolean value \"maybe\" for -auto-tls: parse error");
+        let bad_duration = parse(&["--compact-hash-check-time=10x"]).unwrap_err().to_string();
+        assert_eq!(bad_duration, "invalid value \"10x\" for flag -compact-hash-check-time: parse error");
         assert!(parse(&["-h"]).unwrap().help && parse(&["--help"]).unwrap().help);
         assert!(parse(&["--"]).is_ok());
         assert!(matches!(parse(&["--", "x"]).unwrap_err(), FlagError::Positional { .. }));
@@ -762,7 +798,7 @@ mod tests {
             &["--strict-reconfig-check=false"][..],
             &["--experimental-initial-corrupt-check=F"],
             &["--compact-hash-check-time=60s"],
-            &["--max-txn-ops=0128"],
+            &["--max-txn-ops=0x80"],
             &["--feature-gates=TxnModeWriteWithSharedBuffer=true,InitialCorruptCheck=false"],
             &["--snapshot", "--v"],
         ] {
@@ -801,6 +837,21 @@ mod tests {
         assert_eq!(refused_flag(refused), Some("force-new-cluster"));
         let bad = parse_with_env(&["--name=x"], env(&[("ETCD_AUTO_TLS", "yes")]).into_iter());
         assert!(matches!(bad, Err(FlagError::BadValue { flag: "auto-tls", .. })));
+    }
+
+    #[test]
+    fn go_integers_parse_as_go_does() {
+        assert_eq!(parse_go_int("128"), Some(128));
+        assert_eq!(parse_go_int("0x80"), Some(128));
+        assert_eq!(parse_go_int("0200"), Some(128));
+        assert_eq!(parse_go_int("0o200"), Some(128));
+        assert_eq!(parse_go_int("0b1000_0000"), Some(128));
+        assert_eq!(parse_go_int("-5"), Some(-5));
+        assert_eq!(parse_go_int("0"), Some(0));
+        assert_eq!(parse_go_int("0128"), None);
+        assert_eq!(parse_go_int("1_000"), None);
+        assert_eq!(parse_go_int(" 5"), None);
+        assert_eq!(parse_go_int(""), None);
     }
 
     #[test]

@@ -105,14 +105,11 @@ fn bad_value(flag: &str, value: &str, why: impl std::fmt::Display) -> Failure {
     Failure::usage(anyhow::anyhow!("invalid value {value:?} for flag --{flag}: {why}"))
 }
 
-fn number<T: std::str::FromStr>(p: &Parsed, flag: &str, default: T) -> Result<T, Failure>
-where
-    T::Err: std::fmt::Display,
-{
-    match p.get(flag) {
-        Some(v) => v.trim().parse().map_err(|e| bad_value(flag, v, e)),
-        None => Ok(default),
-    }
+/// An integer flag, read as Go reads it (`0x10`, `010`), within `T`'s range.
+fn number<T: TryFrom<i128>>(p: &Parsed, flag: &str, default: T) -> Result<T, Failure> {
+    let Some(v) = p.get(flag) else { return Ok(default) };
+    let n = etcd_flags::parse_go_int(v).ok_or_else(|| bad_value(flag, v, "parse error"))?;
+    T::try_from(n).map_err(|_| bad_value(flag, v, "out of range"))
 }
 
 fn text(p: &Parsed, flag: &str, default: &str) -> String {
@@ -659,6 +656,79 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn member(args: &[&str]) -> Result<Member, Failure> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        match request(&args)? {
+            Request::Run(m) => Ok(*m),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn etcd_command_lines_become_the_member_config() {
+        let m = member(&[
+            "-name=n1",
+            "--data-dir",
+            "/d/n1",
+            "--initial-cluster-token=a",
+            "--initial-cluster-token=b",
+            "--listen-client-urls=http://127.0.0.1:1,http://127.0.0.1:1",
+            "--advertise-client-urls=http://127.0.0.1:1",
+            "--listen-peer-urls=https://127.0.0.1:2",
+            "--initial-advertise-peer-urls=https://127.0.0.1:2",
+            "--initial-cluster=n1=https://127.0.0.1:2",
+            "--initial-cluster-state=existing",
+            "--heartbeat-interval=0x32",
+            "--election-timeout=500",
+            "--watch-progress-notify-interval=0s",
+            "--peer-auto-tls",
+            "--self-signed-cert-validity=3",
+            "--log-level=warn",
+        ])
+        .unwrap();
+        let c = &m.config;
+        assert_eq!((c.name.as_str(), c.data_dir.to_str()), ("n1", Some("/d/n1")));
+        assert_eq!(c.initial_cluster_token, "b");
+        assert_eq!(c.listen_client_urls, ["http://127.0.0.1:1"]);
+        assert!(c.join_existing);
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(50));
+        // etcd's 0 means its default, ten minutes.
+        assert_eq!(c.watch_progress_notify_interval, Duration::from_secs(600));
+        assert!(m.peer_auto_tls && !m.auto_tls && m.quiet);
+        assert_eq!(m.cert_validity_years, 3);
+        // The experimental spelling wins, as in etcd.
+        let m = member(&["--watch-progress-notify-interval=1m", "--experimental-watch-progress-notify-interval=1.5s"])
+            .unwrap();
+        assert_eq!(m.config.watch_progress_notify_interval, Duration::from_millis(1500));
+        // Listening on chosen client URLs without advertising any is refused, as etcd does.
+        let err = member(&["--listen-client-urls=http://127.0.0.1:1"]).unwrap_err();
+        assert!(err.error.to_string().contains("--advertise-client-urls is required"), "{:#}", err.error);
+        for bad in [&["--initial-cluster-state=maybe"][..], &["--heartbeat-interval=-1"], &["--log-level=loud"]] {
+            assert_eq!(member(bad).unwrap_err().code, crate::EXIT_USAGE, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn auto_tls_makes_certificates_only_without_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("m");
+        let data_arg = format!("--data-dir={}", data.display());
+        let mut m = member(&[data_arg.as_str(), "--auto-tls", "--peer-auto-tls"]).unwrap();
+        m.make_auto_tls().unwrap();
+        let client = data.join("fixtures").join("client");
+        assert_eq!(m.config.client_tls.cert_file.as_deref(), Some(client.join("cert.pem").as_path()));
+        assert!(m.config.peer_tls.insecure_skip_verify && !m.config.client_tls.insecure_skip_verify);
+        let first = std::fs::read(client.join("cert.pem")).unwrap();
+        // A restart reuses the pair, as etcd does.
+        let mut again = member(&[data_arg.as_str(), "--auto-tls"]).unwrap();
+        again.make_auto_tls().unwrap();
+        assert_eq!(std::fs::read(client.join("cert.pem")).unwrap(), first);
+        // Given files win over --auto-tls.
+        let mut given = member(&[data_arg.as_str(), "--auto-tls", "--cert-file=/c.pem", "--key-file=/k.pem"]).unwrap();
+        given.make_auto_tls().unwrap();
+        assert_eq!(given.config.client_tls.cert_file.as_deref(), Some(std::path::Path::new("/c.pem")));
+    }
 
     #[test]
     fn durations_take_etcds_units_and_refuse_others() {
