@@ -82,7 +82,7 @@ const NO_LEASE_CHECKPOINT: &str = "KeelDB has no lease checkpoints";
 const NO_DEFRAG: &str = "KeelDB has nothing to defragment (Defragment is a no-op)";
 const TLS_FILES: &str = "KeelDB takes only --cert-file/--key-file/--trusted-ca-file and the --peer-* equivalents";
 const NO_CERT_FILTER: &str = "KeelDB accepts any certificate signed by the trusted CA (no CRL, CN or host name lists)";
-const LOGS: &str = "KeelDB logs to stderr, its etcd-shaped lines (the ready line) as zap JSON";
+const LOGS: &str = "KeelDB logs to stderr only, with no log files or rotation";
 
 /// Every flag of etcd 3.6.16 (`embed.Config.AddFlags` and `etcdmain`), plus KeelDB's own,
 /// with what KeelDB does with each. `keel serve --help` prints it; docs/CLUSTER.md explains it.
@@ -213,7 +213,11 @@ pub const FLAGS: &[Flag] = &[
     only("logger", T, &["zap"], LOGS),
     only("log-outputs", T, &["default", "stderr"], LOGS),
     used("log-level", T),
-    only("log-format", T, &["json"], LOGS),
+    refused(
+        "log-format",
+        T,
+        "KeelDB's stderr is plain text lines, except etcd's start-up lines (the ready line) in zap JSON",
+    ),
     only("enable-log-rotation", B, &["false"], LOGS),
     only(
         "log-rotation-config-json",
