@@ -27,8 +27,8 @@ pub enum Kind {
 /// What KeelDB does with a flag.
 #[derive(Debug, Clone, Copy)]
 pub enum Support {
-    /// Honoured: `serve.rs` reads the value.
-    Used,
+    /// Honoured: `serve.rs` reads the value. The text is its help line.
+    Used(&'static str),
     /// Accepted only with one of these values (compared as [`Kind`] values), each of which is
     /// what KeelDB does anyway; any other value is refused with the reason. An empty list
     /// refuses the flag whatever its value.
@@ -49,8 +49,8 @@ pub struct Flag {
     pub etcd: bool,
 }
 
-const fn used(name: &'static str, kind: Kind) -> Flag {
-    Flag { name, kind, support: Support::Used, etcd: true }
+const fn used(name: &'static str, kind: Kind, help: &'static str) -> Flag {
+    Flag { name, kind, support: Support::Used(help), etcd: true }
 }
 
 const fn only(name: &'static str, kind: Kind, values: &'static [&'static str], why: &'static str) -> Flag {
@@ -65,8 +65,8 @@ const fn ignored(name: &'static str) -> Flag {
     Flag { name, kind: Kind::Bool, support: Support::IgnoredByEtcd, etcd: true }
 }
 
-const fn keel_only(name: &'static str, kind: Kind) -> Flag {
-    Flag { name, kind, support: Support::Used, etcd: false }
+const fn keel_only(name: &'static str, kind: Kind, help: &'static str) -> Flag {
+    Flag { name, kind, support: Support::Used(help), etcd: false }
 }
 
 use Kind::{Bool as B, Duration as D, Number as N, Text as T};
@@ -88,16 +88,20 @@ const LOGS: &str = "KeelDB logs to stderr only, with no log files or rotation";
 /// with what KeelDB does with each. `keel serve --help` prints it; docs/CLUSTER.md explains it.
 pub const FLAGS: &[Flag] = &[
     // Member.
-    used("name", T),
-    used("data-dir", T),
+    used("name", T, "this member's name (default: default)"),
+    used("data-dir", T, "the member's Raft log and state (default: <name>.keel)"),
     only("wal-dir", T, &[""], "KeelDB keeps its Raft log in --data-dir"),
-    used("snapshot-count", N),
-    keel_only("snapshot-bytes-percent", N),
-    used("heartbeat-interval", N),
-    used("election-timeout", N),
+    used("snapshot-count", N, "applied entries between snapshots, at least (10000)"),
+    keel_only(
+        "snapshot-bytes-percent",
+        N,
+        "a snapshot also waits for writes of this share of its size, in percent (50; 0: the count alone)",
+    ),
+    used("heartbeat-interval", N, "Raft heartbeat, milliseconds (100)"),
+    used("election-timeout", N, "Raft election timeout, milliseconds, at least 5 heartbeats (1000)"),
     only("initial-election-tick-advance", B, &["false"], "KeelDB does not fast-forward election ticks at boot"),
-    used("listen-peer-urls", T),
-    used("listen-client-urls", T),
+    used("listen-peer-urls", T, "URLs to listen on for peers (http://127.0.0.1:2380)"),
+    used("listen-client-urls", T, "URLs to listen on for clients' gRPC (http://127.0.0.1:2379)"),
     only("listen-client-http-urls", T, &[""], NO_HTTP),
     only("max-snapshots", N, &["5"], "KeelDB manages its own snapshot files"),
     only("max-wals", N, &["5"], "KeelDB has no WAL files (its Raft log is a KeelDB store)"),
@@ -108,7 +112,7 @@ pub const FLAGS: &[Flag] = &[
     only("backend-batch-interval", D, &["0s"], NO_BBOLT),
     only("backend-batch-limit", N, &["0"], NO_BBOLT),
     only("max-txn-ops", N, &["128"], "KeelDB's limit of operations per transaction is fixed at 128"),
-    used("max-request-bytes", N),
+    used("max-request-bytes", N, "largest client request, bytes (1572864)"),
     only(
         "max-concurrent-streams",
         N,
@@ -125,11 +129,15 @@ pub const FLAGS: &[Flag] = &[
     only("raft-write-timeout", D, &["5s"], "KeelDB's peer links have their own timeouts"),
     Flag { name: "feature-gates", kind: T, support: Support::FeatureGates, etcd: true },
     // Clustering.
-    used("initial-advertise-peer-urls", T),
-    used("initial-cluster", T),
-    used("initial-cluster-state", T),
-    used("initial-cluster-token", T),
-    used("advertise-client-urls", T),
+    used("initial-advertise-peer-urls", T, "this member's peer URLs as the others see them (http://127.0.0.1:2380)"),
+    used("initial-cluster", T, "name=peer-url,... of the founding members (this member alone)"),
+    used("initial-cluster-state", T, "new, or existing to join a running cluster"),
+    used("initial-cluster-token", T, "part of the cluster id (etcd-cluster)"),
+    used(
+        "advertise-client-urls",
+        T,
+        "this member's client URLs as clients see them; required with --listen-client-urls",
+    ),
     only("discovery", T, &[""], NO_DISCOVERY),
     only("discovery-token", T, &[""], NO_DISCOVERY),
     only("discovery-endpoints", T, &[""], NO_DISCOVERY),
@@ -155,8 +163,8 @@ pub const FLAGS: &[Flag] = &[
         "KeelDB does not refuse member changes that would lose quorum (etcd's --strict-reconfig-check=false)",
     ),
     only("pre-vote", B, &["false"], "KeelDB runs Raft without pre-vote"),
-    used("auto-compaction-retention", T),
-    used("auto-compaction-mode", T),
+    used("auto-compaction-retention", T, "history to keep before automatic compaction (0: off)"),
+    used("auto-compaction-mode", T, "periodic (a duration or hours) or revision (a count)"),
     only(
         "v2-deprecation",
         T,
@@ -164,25 +172,25 @@ pub const FLAGS: &[Flag] = &[
         "KeelDB has no v2 store",
     ),
     // Security.
-    used("cert-file", T),
-    used("key-file", T),
-    used("client-cert-auth", B),
+    used("cert-file", T, "certificate served on https client URLs (PEM)"),
+    used("key-file", T, "key of --cert-file (PEM)"),
+    used("client-cert-auth", B, "refuse clients without a certificate signed by --trusted-ca-file"),
     only("client-cert-file", T, &[""], TLS_FILES),
     only("client-key-file", T, &[""], TLS_FILES),
     only("client-crl-file", T, &[""], NO_CERT_FILTER),
     only("client-cert-allowed-hostname", T, &[""], NO_CERT_FILTER),
-    used("trusted-ca-file", T),
-    used("auto-tls", B),
-    used("peer-cert-file", T),
-    used("peer-key-file", T),
-    used("peer-client-cert-auth", B),
+    used("trusted-ca-file", T, "CA that signs client certificates (PEM)"),
+    used("auto-tls", B, "self-signed client certificate in <data-dir>/fixtures/client when no --cert-file"),
+    used("peer-cert-file", T, "certificate served on https peer URLs and presented when dialling (PEM)"),
+    used("peer-key-file", T, "key of --peer-cert-file (PEM)"),
+    used("peer-client-cert-auth", B, "refuse peers without a certificate signed by --peer-trusted-ca-file"),
     only("peer-client-cert-file", T, &[""], TLS_FILES),
     only("peer-client-key-file", T, &[""], TLS_FILES),
-    used("peer-trusted-ca-file", T),
+    used("peer-trusted-ca-file", T, "CA that signs the other members' certificates (PEM)"),
     only("peer-cert-allowed-cn", T, &[""], NO_CERT_FILTER),
     only("peer-cert-allowed-hostname", T, &[""], NO_CERT_FILTER),
-    used("peer-auto-tls", B),
-    used("self-signed-cert-validity", N),
+    used("peer-auto-tls", B, "self-signed peer certificate in <data-dir>/fixtures/peer; peers dialled unverified"),
+    used("self-signed-cert-validity", N, "years the auto-TLS certificates are valid (1)"),
     only("peer-crl-file", T, &[""], NO_CERT_FILTER),
     only("cipher-suites", T, &[""], "KeelDB uses rustls's default cipher suites"),
     only("cors", T, &["*"], NO_HTTP),
@@ -204,7 +212,7 @@ pub const FLAGS: &[Flag] = &[
     // Auth.
     only("auth-token", T, &["simple"], "KeelDB issues its own opaque tokens (etcd's 'simple'), not JWTs"),
     only("bcrypt-cost", N, &["10"], "KeelDB hashes passwords with bcrypt cost 10"),
-    used("auth-token-ttl", N),
+    used("auth-token-ttl", N, "seconds an auth token stays valid (300)"),
     // Profiling and monitoring.
     only("enable-pprof", B, &["false"], NO_HTTP),
     only("metrics", T, &["basic"], NO_HTTP),
@@ -212,7 +220,7 @@ pub const FLAGS: &[Flag] = &[
     // Logging.
     only("logger", T, &["zap"], LOGS),
     only("log-outputs", T, &["default", "stderr"], LOGS),
-    used("log-level", T),
+    used("log-level", T, "debug, info, warn, error, panic or fatal; warn and above silence start and stop messages"),
     refused(
         "log-format",
         T,
@@ -253,8 +261,8 @@ pub const FLAGS: &[Flag] = &[
     only("compaction-batch-limit", N, &["0", "1000"], "KeelDB compacts in its own batches"),
     only("experimental-compaction-sleep-interval", D, &["0s", "10ms"], "KeelDB compacts in its own batches"),
     only("compaction-sleep-interval", D, &["0s", "10ms"], "KeelDB compacts in its own batches"),
-    used("watch-progress-notify-interval", D),
-    used("experimental-watch-progress-notify-interval", D),
+    used("watch-progress-notify-interval", D, "progress notifications to idle watchers that asked (10m; 0: 10m)"),
+    used("experimental-watch-progress-notify-interval", D, "the same; wins when given, as in etcd"),
     only("experimental-downgrade-check-time", D, &["5s"], "KeelDB has no downgrade mode"),
     only("downgrade-check-time", D, &["5s"], "KeelDB has no downgrade mode"),
     only("experimental-txn-mode-write-with-shared-buffer", B, &["true"], NO_BBOLT),
@@ -279,7 +287,7 @@ pub const FLAGS: &[Flag] = &[
     only("unsafe-no-fsync", B, &["false"], "KeelDB always syncs its Raft log and state"),
     // etcdmain's own.
     only("config-file", T, &[""], "KeelDB reads no configuration file; give the flags"),
-    used("version", B),
+    used("version", B, "print etcd's version lines and KeelDB's, then exit"),
     // Flags etcd 3.6 accepts and ignores (old etcd 2 flags, Go test flags).
     ignored("cluster-active-size"),
     ignored("cluster-remove-delay"),
@@ -500,7 +508,7 @@ fn check(parsed: &Parsed) -> Result<(), FlagError> {
         let Some(flag) = lookup(name) else { continue };
         let refuse = |why: String| FlagError::Refused { flag: flag.name, value: value.clone(), why };
         match flag.support {
-            Support::Used | Support::IgnoredByEtcd => {}
+            Support::Used(_) | Support::IgnoredByEtcd => {}
             Support::Only(allowed, why) => {
                 let given = normalise(flag, value)?;
                 let ok = allowed.iter().any(|a| normalise(flag, a).is_ok_and(|a| a == given));
@@ -632,8 +640,11 @@ pub fn help() -> String {
          come from ETCD_<FLAG> in the environment (ETCD_INITIAL_CLUSTER=...), as with etcd.\n\
          See docs/CLUSTER.md.\n\nHonoured:\n",
     );
-    for f in FLAGS.iter().filter(|f| matches!(f.support, Support::Used)) {
-        out += &format!("  --{}{}\n", f.name, if f.etcd { "" } else { "   (KeelDB's own)" });
+    for f in FLAGS {
+        if let Support::Used(help) = f.support {
+            let own = if f.etcd { "" } else { " (KeelDB's own)" };
+            out += &format!("  --{:<44} {help}{own}\n", f.name);
+        }
     }
     out += "\nAccepted only with the value(s) meaning what KeelDB does; refused otherwise:\n";
     for f in FLAGS {
