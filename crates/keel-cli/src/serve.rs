@@ -434,7 +434,6 @@ enum ClusterAction {
 
 /// Makes a data directory for one founding member of a new cluster from a snapshot.
 #[derive(Debug, Args)]
-#[command(disable_help_flag = true, disable_version_flag = true)]
 pub struct RestoreCommand {
     /// A snapshot from `keel cluster snapshot-save` or `etcdctl snapshot save` against keel.
     snapshot: PathBuf,
