@@ -249,7 +249,12 @@ pub const FLAGS: &[Flag] = &[
     only("experimental-distributed-tracing-sampling-rate", N, &["0"], NO_TRACING),
     only("distributed-tracing-sampling-rate", N, &["0"], NO_TRACING),
     // Experimental features.
-    only("experimental-initial-corrupt-check", B, &["false"], NO_CORRUPT_CHECK),
+    // etcd's e2e ctl tests pass it to every member (ctlCtx.applyOpts); see serve.rs.
+    used(
+        "experimental-initial-corrupt-check",
+        B,
+        "true only on a member's first start, where etcd's check has nothing to compare; refused on a member with data",
+    ),
     only("experimental-corrupt-check-time", D, &["0s"], NO_CORRUPT_CHECK),
     only("corrupt-check-time", D, &["0s"], NO_CORRUPT_CHECK),
     only("experimental-compact-hash-check-enabled", B, &["false"], NO_CORRUPT_CHECK),
@@ -800,7 +805,6 @@ mod tests {
     fn refused_flags_name_themselves() {
         for (args, name) in [
             (&["--quota-backend-bytes=8589934592"][..], "quota-backend-bytes"),
-            (&["--experimental-initial-corrupt-check"], "experimental-initial-corrupt-check"),
             (&["--strict-reconfig-check"], "strict-reconfig-check"),
             (&["--auth-token", "jwt,pub-key=a,priv-key=b,sign-method=RS256"], "auth-token"),
             (&["--listen-client-http-urls=http://localhost:1"], "listen-client-http-urls"),

@@ -148,6 +148,8 @@ struct Member {
     auto_tls: bool,
     peer_auto_tls: bool,
     cert_validity_years: u32,
+    /// `--experimental-initial-corrupt-check` (see [`Member::check_initial_corrupt_check`]).
+    initial_corrupt_check: bool,
 }
 
 impl Member {
@@ -229,7 +231,26 @@ impl Member {
             auto_tls: p.is_true("auto-tls"),
             peer_auto_tls: p.is_true("peer-auto-tls"),
             cert_validity_years: number(p, "self-signed-cert-validity", 1u32)?,
+            initial_corrupt_check: p.is_true("experimental-initial-corrupt-check"),
         })
+    }
+
+    /// etcd's initial corruption check compares this member's KV hash at its revision with
+    /// its peers' before serving. KeelDB does not compare hashes with peers, so it takes the
+    /// flag only where etcd's check has nothing to compare: a member's first start, whose
+    /// empty state every peer also had at that revision (the check cannot fail there). On a
+    /// member with data, the flag is refused.
+    fn check_initial_corrupt_check(&self) -> Result<(), Failure> {
+        let member_dir = self.config.data_dir.join("member");
+        if self.initial_corrupt_check && member_dir.exists() {
+            return Err(Failure::usage(anyhow::anyhow!(
+                "--experimental-initial-corrupt-check=true: KeelDB does not support this etcd flag on a member \
+                 with data ({}): it does not compare hashes with other members (on a member's first start, \
+                 where etcd's check has nothing to compare, it is accepted)",
+                member_dir.display()
+            )));
+        }
+        Ok(())
     }
 
     /// `--auto-tls`/`--peer-auto-tls`, as etcd: self-signed certificates in
@@ -316,6 +337,7 @@ pub fn serve_args(args: &[String]) -> Result<u8, Failure> {
         }
         Request::Run(member) => member,
     };
+    member.check_initial_corrupt_check()?;
     // The self-signed certificates first: https URLs with auto TLS need them to validate.
     member.make_auto_tls()?;
     member.config.validate().map_err(Failure::usage)?;
@@ -706,6 +728,21 @@ mod tests {
         for bad in [&["--initial-cluster-state=maybe"][..], &["--heartbeat-interval=-1"], &["--log-level=loud"]] {
             assert_eq!(member(bad).unwrap_err().code, crate::EXIT_USAGE, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn initial_corrupt_check_is_taken_on_a_first_start_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_arg = format!("--data-dir={}", dir.path().join("m").display());
+        let m = member(&[data_arg.as_str(), "--experimental-initial-corrupt-check"]).unwrap();
+        m.check_initial_corrupt_check().unwrap();
+        std::fs::create_dir_all(dir.path().join("m").join("member")).unwrap();
+        let err = m.check_initial_corrupt_check().unwrap_err();
+        assert_eq!(err.code, crate::EXIT_USAGE);
+        assert!(err.error.to_string().contains("--experimental-initial-corrupt-check"), "{:#}", err.error);
+        // Without the flag, a member with data starts as before.
+        let plain = member(&[data_arg.as_str(), "--experimental-initial-corrupt-check=false"]).unwrap();
+        plain.check_initial_corrupt_check().unwrap();
     }
 
     #[test]
