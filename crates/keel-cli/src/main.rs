@@ -10,6 +10,7 @@
 
 mod commands;
 mod encoding;
+mod etcd_flags;
 mod load;
 mod serve;
 
@@ -98,9 +99,11 @@ enum Command {
     },
     /// Print the key-value pairs of TABLE in key order, one `KEY<TAB>VALUE` per line.
     Scan(ScanCommand),
-    /// Run a cluster member serving etcd's v3 gRPC API (etcd's member flags, same names).
+    /// Run a cluster member serving etcd's v3 gRPC API, started with etcd 3.6's flags.
     ///
     /// With no flags: a one-member cluster in ./default.keel, clients on 127.0.0.1:2379.
+    /// `keel serve --help` lists what KeelDB does with each etcd flag. A keel binary started
+    /// under the name `etcd` (a link) runs `keel serve` with its arguments.
     Serve(Box<serve::ServeCommand>),
     /// Inspect and change cluster membership through a member's client URL.
     Cluster(serve::ClusterCommand),
@@ -200,10 +203,21 @@ impl Failure {
     }
 }
 
+/// Whether this binary was started under the name `etcd` (a link to keel), to stand in for
+/// etcd's server: it then takes etcd's command line, as `keel serve` does.
+fn started_as_etcd() -> bool {
+    std::env::args_os().next().map(PathBuf::from).and_then(|p| p.file_name().map(|n| n == "etcd")).unwrap_or(false)
+}
+
 fn main() -> ExitCode {
-    // Clap prints help and version with exit 0, and argument errors with exit 2.
-    let cli = Cli::parse();
-    match run(cli.command) {
+    let outcome = if started_as_etcd() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        serve::serve_args(&args)
+    } else {
+        // Clap prints help and version with exit 0, and argument errors with exit 2.
+        run(Cli::parse().command)
+    };
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             eprintln!("keel: error: {:#}", failure.error);
@@ -291,6 +305,14 @@ mod tests {
         assert_eq!(bench.suites, ["mvcc", "durability"]);
         assert!(bench.quick && bench.tiny);
         assert_eq!(bench.peers, None);
+    }
+
+    #[test]
+    fn serve_takes_its_arguments_raw() {
+        let cli = Cli::try_parse_from(["keel", "serve", "-name", "x", "--version", "-h", "--name=y"]).unwrap();
+        let Command::Serve(_) = cli.command else { panic!("not serve") };
+        let cli = Cli::try_parse_from(["keel", "snapshot-restore", "s.db", "--name", "x", "--data-dir=d"]).unwrap();
+        let Command::SnapshotRestore(_) = cli.command else { panic!("not snapshot-restore") };
     }
 
     #[test]

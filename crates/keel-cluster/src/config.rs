@@ -55,6 +55,10 @@ pub struct TlsFiles {
     pub max_version: String,
     /// `--cipher-suites`: Go's names of the suites allowed (empty: every suite rustls has).
     pub cipher_suites: Vec<String>,
+    /// Dial without verifying the other side's certificate: set with `--peer-auto-tls`, whose
+    /// self-signed certificates no CA vouches for (etcd dials them the same way). Encryption
+    /// only; `trusted_ca_file` is then not needed for https peer URLs.
+    pub insecure_skip_verify: bool,
 }
 
 /// The flag names of one [`TlsFiles`], for error messages.
@@ -154,7 +158,7 @@ impl TlsFiles {
                     why: format!("is required by the https URL {url} in {flag}"),
                 });
             }
-            if peer && self.trusted_ca_file.is_none() {
+            if peer && self.trusted_ca_file.is_none() && !self.insecure_skip_verify {
                 return Err(ConfigError::Invalid {
                     flag: flags.trusted_ca_file,
                     why: format!(
@@ -532,6 +536,10 @@ mod tests {
         assert_eq!(invalid_flag(&c), Some("--peer-trusted-ca-file"));
         c.peer_tls = TlsFiles::default();
         assert_eq!(invalid_flag(&c), Some("--peer-cert-file"));
+        // --peer-auto-tls: self-signed certificates, dialled without a CA.
+        c.peer_tls =
+            TlsFiles { trusted_ca_file: None, client_cert_auth: false, insecure_skip_verify: true, ..files.clone() };
+        assert!(c.validate().is_ok());
         c.peer_tls = files;
         assert!(c.validate().is_ok());
     }

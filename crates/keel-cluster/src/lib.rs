@@ -42,6 +42,8 @@ pub struct Server {
     pub node: Arc<Node>,
     /// The client addresses actually bound (port 0 in a URL picks a free port).
     pub client_addrs: Vec<SocketAddr>,
+    /// How many client listeners have begun serving (see [`Server::ready`]).
+    serving: tokio::sync::watch::Receiver<usize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -62,6 +64,7 @@ impl Server {
         // replicated state (so MemberList shows every serving member's URLs); the listeners
         // are bound now so that the ports are this member's.
         let (published_tx, published_rx) = tokio::sync::watch::channel(false);
+        let (serving_tx, serving) = tokio::sync::watch::channel(0usize);
         let listeners = match listener::bind(&node.config.listen_client_urls, client_tls).await {
             Ok(l) => l,
             Err(e) => {
@@ -99,11 +102,14 @@ impl Server {
                 .add_service(election_api::ElectionServer::new(api.clone(), Arc::clone(watch.hub())));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
+            let serving_tx = serving_tx.clone();
             tasks.push(tokio::spawn(async move {
                 tokio::select! {
                     _ = ready.wait_for(|p| *p) => {}
                     _ = stop.stopped() => return,
                 }
+                // The listener is bound, so connections made from here on are accepted.
+                serving_tx.send_modify(|n| *n += 1);
                 if let Err(e) = router.serve_with_incoming_shutdown(incoming, async move { stop.stopped().await }).await
                 {
                     eprintln!("keel: client listener stopped: {e}");
@@ -116,7 +122,19 @@ impl Server {
             node.config.auto_compaction,
             node.config.auto_compaction_interval,
         )));
-        Ok(Server { node, client_addrs, tasks })
+        Ok(Server { node, client_addrs, serving, tasks })
+    }
+
+    /// Resolves `true` once this member has published its name and client URLs and every
+    /// client listener serves (where etcd logs "ready to serve client requests"), or `false`
+    /// if the member stops first.
+    pub async fn ready(&self) -> bool {
+        let mut serving = self.serving.clone();
+        let all = self.client_addrs.len();
+        tokio::select! {
+            r = serving.wait_for(|n| *n >= all) => r.is_ok(),
+            _ = self.node.stopped() => false,
+        }
     }
 
     /// Stops Raft, then client service (open connections get a GOAWAY and up to 2 s to

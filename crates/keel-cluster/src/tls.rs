@@ -7,10 +7,11 @@
 //! member's certificate, not which cluster it belongs to). Every file is read and checked when
 //! the member starts, so a bad path or PEM is a startup error, never a failure on first use.
 //! A handshake is bounded by [`HANDSHAKE_TIMEOUT`]; garbage or plaintext on a TLS port ends
-//! that connection and nothing else.
+//! that connection and nothing else. It also makes etcd's self-signed certificates for
+//! `--auto-tls` and `--peer-auto-tls` ([`self_signed`]).
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,8 +21,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
-use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
+use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use tokio_rustls::rustls::crypto::{ring, verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{
@@ -336,15 +337,27 @@ impl PeerTls {
         let flags = PEER_TLS_FLAGS;
         let Some(loaded) = load(files, flags)? else { return Ok(PeerTls::default()) };
         let acceptor = TlsAcceptor::from(Arc::new(server_config(files, flags, &loaded)?));
-        let connector = match &loaded.roots {
-            Some((_, roots)) => {
-                let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
-                let config = ClientConfig::builder_with_provider(provider_for(files)?)
-                    .with_protocol_versions(versions(files))
-                    .map_err(|e| tls_err(flags.cert_file, cert_path, e))?
-                    .with_root_certificates(Arc::clone(roots))
+        let cert_path = files.cert_file.as_deref().unwrap_or(Path::new(""));
+        let key_path = files.key_file.as_deref().unwrap_or(Path::new(""));
+        let builder = || {
+            ClientConfig::builder_with_provider(provider_for(files)?)
+                .with_protocol_versions(versions(files))
+                .map_err(|e| tls_err(flags.cert_file, cert_path, e))
+        };
+        let config = match &loaded.roots {
+            Some((_, roots)) => Some(builder()?.with_root_certificates(Arc::clone(roots))),
+            None if files.insecure_skip_verify => Some(
+                builder()?
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AnyServerCert(Arc::new(ring::default_provider())))),
+            ),
+            None => None,
+        };
+        let connector = match config {
+            Some(config) => {
+                let config = config
                     .with_client_auth_cert(loaded.chain.clone(), loaded.key.clone_key())
-                    .map_err(|e| tls_err(flags.key_file, files.key_file.as_deref().unwrap_or(Path::new("")), e))?;
+                    .map_err(|e| tls_err(flags.key_file, key_path, e))?;
                 Some(TlsConnector::from(Arc::new(config)))
             }
             None => None,
@@ -393,6 +406,99 @@ impl PeerTls {
             .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake with {url} failed: {e}")))?;
         Ok(PeerStream::Tls(Box::new(tls.into())))
     }
+}
+
+/// The server-certificate check of `--peer-auto-tls` links: any certificate is accepted (no CA
+/// signs a self-signed one), but the handshake's signatures are still verified, so the link is
+/// encrypted to whoever holds the presented certificate's key. etcd dials these links the same
+/// way (`InsecureSkipVerify`).
+#[derive(Debug)]
+struct AnyServerCert(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, tokio_rustls::rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// etcd's `--auto-tls`/`--peer-auto-tls`: `cert.pem` and `key.pem` in `dir` (etcd's
+/// `<data-dir>/fixtures/client` and `/peer`), a self-signed certificate valid for the hosts of
+/// `urls` (IP addresses and DNS names) for `validity_years` from now. Like etcd, an existing
+/// pair in `dir` is reused, so a restarted member keeps its certificate. `flag` names the flag
+/// in errors.
+pub fn self_signed(
+    flag: &'static str,
+    dir: &Path,
+    urls: &[String],
+    validity_years: u32,
+) -> Result<(PathBuf, PathBuf), ConfigError> {
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    if cert_path.is_file() && key_path.is_file() {
+        return Ok((cert_path, key_path));
+    }
+    let fail = |why: String| ConfigError::Tls { flag, path: dir.display().to_string(), why };
+    let mut hosts: Vec<String> = Vec::new();
+    for url in urls {
+        let addr = url_addr(url);
+        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        if !hosts.contains(&host) {
+            hosts.push(host);
+        }
+    }
+    let mut params = rcgen::CertificateParams::new(hosts).map_err(|e| fail(format!("host names: {e}")))?;
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| fail(format!("the clock is before 1970: {e}")))?;
+    params.not_before = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
+    params.not_after = params.not_before + Duration::from_secs(u64::from(validity_years.max(1)) * 365 * 86_400);
+    params.distinguished_name.push(rcgen::DnType::OrganizationName, "KeelDB (etcd auto TLS)");
+    let key = rcgen::KeyPair::generate().map_err(|e| fail(format!("key: {e}")))?;
+    let cert = params.self_signed(&key).map_err(|e| fail(format!("certificate: {e}")))?;
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create: {e}")))?;
+    // The key is written first and readable by its owner only, then the certificate: a crash
+    // between the two leaves no certificate, so the next start makes a new pair.
+    write_private(&key_path, key.serialize_pem().as_bytes()).map_err(|e| fail(format!("key.pem: {e}")))?;
+    std::fs::write(&cert_path, cert.pem()).map_err(|e| fail(format!("cert.pem: {e}")))?;
+    Ok((cert_path, key_path))
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
 }
 
 /// A peer connection, plain or TLS.
