@@ -11,6 +11,7 @@ pub mod compactor;
 pub mod config;
 pub mod curp;
 pub mod etcd_api;
+pub mod etcd_snapshot;
 pub mod files;
 pub mod lease;
 pub mod log_store;
