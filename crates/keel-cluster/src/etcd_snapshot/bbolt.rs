@@ -436,6 +436,31 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_inside_a_bucket_is_refused() {
+        // write() makes only top-level buckets: take an empty file and append a tree whose
+        // bucket `outer` holds a row flagged as a bucket (an inline one, empty), then point the
+        // metas at it.
+        let mut file = write(&[]);
+        let mut w = Writer { body: Vec::new(), next: file.len() as u64 / PAGE_SIZE as u64 };
+        let mut inner = [0u8; BUCKET_HEADER].to_vec();
+        inner.extend_from_slice(&header(0, LEAF, 0, 0));
+        let mut outer = w.tree(&[(BUCKET_FLAG.into(), b"inner", &inner)]).to_le_bytes().to_vec();
+        outer.extend_from_slice(&[0u8; 8]);
+        let root = w.tree(&[(BUCKET_FLAG.into(), b"outer", &outer)]);
+        file.extend_from_slice(&w.body);
+        for id in 0..2usize {
+            let m = id * PAGE_SIZE + HEADER;
+            file[m + 16..m + 24].copy_from_slice(&root.to_le_bytes());
+            file[m + 40..m + 48].copy_from_slice(&w.next.to_le_bytes());
+            let sum = fnv1a64(&file[m..m + 56]);
+            file[m + 56..m + 64].copy_from_slice(&sum.to_le_bytes());
+        }
+        let db = Db::open(&file).unwrap();
+        assert_eq!(db.bucket_names().unwrap(), vec![&b"outer"[..]]);
+        assert!(matches!(db.bucket(b"outer"), Err(Error::NestedBucket)));
+    }
+
+    #[test]
     fn a_page_that_points_at_itself_is_refused_not_followed() {
         let mut file = write(&[(b"b", rows(2000, 20))]);
         let db = Db::open(&file).unwrap();

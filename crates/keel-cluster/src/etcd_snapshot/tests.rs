@@ -179,3 +179,104 @@ fn restoring_an_empty_etcd_starts_at_revision_one() {
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(restore(dir.path(), &back, Arc::new(StdFs)).unwrap(), 1);
 }
+
+/// An etcd-shaped file with `meta` and `key` (empty unless given) and the buckets given.
+fn etcd_file(buckets: Vec<(&'static str, bbolt::Rows)>) -> Vec<u8> {
+    let mut all: Vec<(&[u8], bbolt::Rows)> = vec![(b"key", Vec::new()), (b"meta", Vec::new())];
+    for (name, rows) in buckets {
+        all.retain(|(n, _)| *n != name.as_bytes());
+        all.push((name.as_bytes(), rows));
+    }
+    all.sort_by(|a, b| a.0.cmp(b.0));
+    bbolt::write(&all)
+}
+
+fn revision_key(main: i64, sub: i64) -> Vec<u8> {
+    let mut k = main.to_be_bytes().to_vec();
+    k.push(b'_');
+    k.extend_from_slice(&sub.to_be_bytes());
+    k
+}
+
+#[test]
+fn malformed_records_are_named_by_bucket_and_key() {
+    use prost::Message;
+    let kv = |key: &str, rev: i64| etcd_client::proto::PbKeyValue {
+        key: key.into(),
+        create_revision: rev,
+        mod_revision: rev,
+        version: 1,
+        ..Default::default()
+    };
+    let cases: Vec<(&str, Vec<(&'static str, bbolt::Rows)>)> = vec![
+        ("a short revision key", vec![("key", vec![(b"1234".to_vec(), kv("a", 1).encode_to_vec())])]),
+        ("a value that is not a KeyValue", vec![("key", vec![(revision_key(1, 0), vec![0xff, 0xff, 0xff])])]),
+        ("a mod revision other than the key's", vec![("key", vec![(revision_key(2, 0), kv("a", 1).encode_to_vec())])]),
+        (
+            "a lease record naming another lease",
+            vec![(
+                "lease",
+                vec![(
+                    7u64.to_be_bytes().to_vec(),
+                    schema::LeasePb { id: 8, ttl: 5, remaining_ttl: 0 }.encode_to_vec(),
+                )],
+            )],
+        ),
+        ("a consistent index that is not 8 bytes", vec![("meta", vec![(b"consistent_index".to_vec(), vec![1, 2, 3])])]),
+    ];
+    for (what, buckets) in cases {
+        let err = read(&etcd_file(buckets)).err();
+        assert!(matches!(err, Some(Error::Record { .. })), "{what}: {err:?}");
+    }
+}
+
+#[test]
+fn a_key_whose_lease_is_not_in_the_file_is_restored_without_one() {
+    let state = EtcdState {
+        revision: 3,
+        keys: vec![
+            etcd_client::proto::PbKeyValue {
+                key: b"orphan".to_vec(),
+                create_revision: 2,
+                mod_revision: 2,
+                version: 1,
+                lease: 99,
+                ..Default::default()
+            },
+            etcd_client::proto::PbKeyValue {
+                key: b"kept".to_vec(),
+                create_revision: 3,
+                mod_revision: 3,
+                version: 1,
+                lease: 5,
+                ..Default::default()
+            },
+        ],
+        leases: vec![(5, 60)],
+        ..EtcdState::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    restore(dir.path(), &state, Arc::new(StdFs)).unwrap();
+    let db = open(dir.path());
+    let txn = db.begin_read().unwrap();
+    assert_eq!(Record::decode(&txn.get(KV, b"orphan").unwrap().unwrap()).unwrap().lease, 0);
+    assert_eq!(Record::decode(&txn.get(KV, b"kept").unwrap().unwrap()).unwrap().lease, 5);
+    assert_eq!(lease::stored_keys(&txn, 5).unwrap(), vec![b"kept".to_vec()]);
+    assert!(lease::stored_keys(&txn, 99).unwrap().is_empty());
+}
+
+#[test]
+fn auth_state_keel_cannot_hold_is_refused_before_the_store_is_written() {
+    let role = |perm_type| schema::RolePb {
+        name: b"r".to_vec(),
+        key_permission: vec![schema::PermissionPb { perm_type, key: b"k".to_vec(), range_end: Vec::new() }],
+    };
+    let unknown_perm = EtcdState { roles: vec![role(7)], ..EtcdState::default() };
+    // Auth on without a root user: etcd never writes this, keel's rules refuse it.
+    let no_root = EtcdState { auth_enabled: true, ..EtcdState::default() };
+    for state in [unknown_perm, no_root] {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(restore(dir.path(), &state, Arc::new(StdFs)), Err(Error::Auth(_))));
+        assert!(!dir.path().join("store").exists(), "nothing written");
+    }
+}
