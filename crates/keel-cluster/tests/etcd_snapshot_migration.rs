@@ -122,6 +122,13 @@ async fn fill(c: &mut Client) {
     }
     c.put("big", vec![b'x'; 20_000], None).await.unwrap();
     c.put("k/00", "third", None).await.unwrap();
+    // Enough keys for a three-level tree in etcd's `key` bucket (branch pages over branch
+    // pages), written 100 to a txn (80 requests).
+    for batch in 0..80 {
+        let puts: Vec<TxnOp> =
+            (0..100).map(|i| TxnOp::put(format!("bulk/{batch:02}/{i:02}"), vec![b'b'; 64], None)).collect();
+        c.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
     c.user_add("root", "rootpw", None).await.unwrap();
     c.role_add("root").await.unwrap();
     c.user_grant_role("root", "root").await.unwrap();
@@ -138,15 +145,29 @@ async fn etcd_snapshot_restores_into_keel_with_every_key_revision_lease_and_user
         eprintln!("not run: build etcd and etcdctl with scripts/go-tools etcd etcdctl");
         return;
     };
+    import_from(&etcd_bin, &etcdctl, 81).await;
+    // Debian's etcd-server package is etcd 3.4: the oldest backend schema keel reads.
+    let debian = Path::new("/usr/bin/etcd");
+    match Command::new(debian).arg("--version").output() {
+        Ok(v) if String::from_utf8_lossy(&v.stdout).contains("etcd Version: 3.4.") => {
+            import_from(debian, &etcdctl, 83).await
+        }
+        _ => eprintln!("etcd 3.4 not run: no /usr/bin/etcd 3.4 (Debian's etcd-server)"),
+    }
+}
+
+/// Fills an etcd started from `etcd_bin`, saves a snapshot with `etcdctl`, restores it into a
+/// keel member on `common::loopback_ip(ip_octet)` and compares.
+async fn import_from(etcd_bin: &Path, etcdctl: &Path, ip_octet: u8) {
     let dir = tempfile::tempdir().unwrap();
     let peer_url = format!("http://127.0.0.1:{}", free_port());
-    let etcd = Etcd::start(&etcd_bin, &dir.path().join("etcd"), &dir.path().join("etcd.log"), free_port(), &peer_url);
+    let etcd = Etcd::start(etcd_bin, &dir.path().join("etcd"), &dir.path().join("etcd.log"), free_port(), &peer_url);
     fill(&mut connect(&etcd.endpoint, None).await).await;
     let mut from_etcd = connect(&etcd.endpoint, Some(("root", "rootpw"))).await;
     let (etcd_keys, etcd_revision) = all_keys(&mut from_etcd).await;
     let etcd_leases = all_leases(&mut from_etcd).await;
     let snapshot = dir.path().join("etcd.snapshot");
-    let saved = Command::new(&etcdctl)
+    let saved = Command::new(etcdctl)
         .args(["--endpoints", &etcd.endpoint, "--user", "root:rootpw", "snapshot", "save"])
         .arg(&snapshot)
         .output()
@@ -154,20 +175,20 @@ async fn etcd_snapshot_restores_into_keel_with_every_key_revision_lease_and_user
     assert!(saved.status.success(), "etcdctl snapshot save: {}", String::from_utf8_lossy(&saved.stderr));
     drop(etcd);
 
-    let ip = common::loopback_ip(81);
+    let ip = common::loopback_ip(ip_octet);
     let cfg = ServeConfig {
         initial_cluster_token: "from-etcd".into(),
         ..common::member_config(dir.path(), "http", &ip, (23790, 23800), &["m1"], 0, "from-etcd")
     };
     let bytes = std::fs::read(&snapshot).unwrap();
     let revision = keel_cluster::restore_snapshot(&cfg, &bytes).unwrap();
-    assert_eq!(revision, etcd_revision);
+    assert_eq!(revision, etcd_revision, "{}", etcd_bin.display());
     let server = common::start_retrying(cfg, 20).await;
     let url = format!("http://{ip}:23790");
     let mut keel = connect(&url, Some(("root", "rootpw"))).await;
     let (keel_keys, keel_revision) = all_keys(&mut keel).await;
     assert_eq!(keel_keys.len(), etcd_keys.len());
-    assert_eq!(keel_keys, etcd_keys, "every key, value, create/mod revision, version and lease");
+    assert!(keel_keys == etcd_keys, "{}: every key, value, create/mod revision, version and lease", etcd_bin.display());
     assert_eq!(keel_revision, etcd_revision);
     assert_eq!(all_leases(&mut keel).await, etcd_leases);
     // Revisions continue from etcd's; etcd's users log in with etcd's passwords.

@@ -420,9 +420,9 @@ mod tests {
     }
 
     #[test]
-    fn written_files_read_back_with_splits_overflow_and_empty_buckets() {
+    fn written_files_read_back_with_three_levels_overflow_and_empty_buckets() {
         let buckets: Vec<(&[u8], Rows)> =
-            vec![(b"big", rows(3, 10_000)), (b"empty", Vec::new()), (b"many", rows(5000, 20)), (b"small", rows(2, 3))];
+            vec![(b"big", rows(3, 10_000)), (b"empty", Vec::new()), (b"many", rows(40_000, 20)), (b"small", rows(2, 3))];
         let file = write(&buckets);
         assert!(looks_like_bbolt(&file));
         let db = Db::open(&file).unwrap();
