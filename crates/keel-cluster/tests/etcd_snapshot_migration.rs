@@ -217,11 +217,16 @@ async fn keels_etcd_snapshot_passes_etcdutl_and_restores_into_etcd() {
     let (keel_keys, keel_revision) = all_keys(&mut keel).await;
     let keel_leases = all_leases(&mut keel).await;
     let (txn, _) = server.node.sm.read_now().unwrap();
-    let file = keel_cluster::etcd_snapshot::export(&txn).unwrap();
+    // As Maintenance.Snapshot would: the database into a file, then its SHA-256 after it.
+    let snapshot = dir.path().join("keel.snapshot");
+    let out = std::fs::File::create(&snapshot).unwrap();
+    let (mut out, len) = keel_cluster::etcd_snapshot::export_to(&txn, out).unwrap();
     drop(txn);
     server.stop().await;
-    let snapshot = dir.path().join("keel.snapshot");
-    std::fs::write(&snapshot, &file).unwrap();
+    let hash = <sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&snapshot).unwrap());
+    std::io::Write::write_all(&mut out, &hash).unwrap();
+    drop(out);
+    assert_eq!(std::fs::metadata(&snapshot).unwrap().len(), len + 32);
 
     let status = Command::new(&etcdutl).args(["snapshot", "status", "-w", "json"]).arg(&snapshot).output().unwrap();
     let text = String::from_utf8_lossy(&status.stdout).to_string();

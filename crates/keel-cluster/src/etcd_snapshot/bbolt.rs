@@ -1,5 +1,5 @@
-//! bbolt's page format (the database etcd keeps its backend in and streams as a snapshot):
-//! a reader over a file held in memory and a writer of a fresh file from sorted buckets.
+//! bbolt's page format (the database etcd keeps its backend in and streams as a snapshot),
+//! and a reader over a file held in memory (`bbolt_writer.rs` writes one).
 //!
 //! Layout (every number little-endian, pages of `page_size` bytes, page `n` at `n * page_size`):
 //! - page header, 16 bytes: `id u64 | flags u16 | count u16 | overflow u32`; flags branch 0x01,
@@ -21,23 +21,23 @@ use std::collections::HashSet;
 
 use super::Error;
 
-const HEADER: usize = 16;
-const ELEMENT: usize = 16;
+pub(super) const HEADER: usize = 16;
+pub(super) const ELEMENT: usize = 16;
 const META_LEN: usize = 64;
-const MAGIC: u32 = 0xED0C_DAED;
-const VERSION: u32 = 2;
-const BRANCH: u16 = 0x01;
-const LEAF: u16 = 0x02;
-const META: u16 = 0x04;
-const FREELIST: u16 = 0x10;
-const BUCKET_FLAG: u32 = 0x01;
+pub(super) const MAGIC: u32 = 0xED0C_DAED;
+pub(super) const VERSION: u32 = 2;
+pub(super) const BRANCH: u16 = 0x01;
+pub(super) const LEAF: u16 = 0x02;
+pub(super) const META: u16 = 0x04;
+pub(super) const FREELIST: u16 = 0x10;
+pub(super) const BUCKET_FLAG: u32 = 0x01;
 const BUCKET_HEADER: usize = 16;
 /// Deeper than any B+tree bbolt builds over 2^64 pages: a deeper walk is a corrupt file.
 const DEPTH_MAX: usize = 64;
-/// The page size of the files [`write`] makes (etcd's on x86-64 and arm64 Linux).
+/// The page size of the files `bbolt_writer` makes (etcd's on x86-64 and arm64 Linux).
 pub const PAGE_SIZE: usize = 4096;
 
-/// A bucket's rows, as [`write`] takes them.
+/// A bucket's rows, as `bbolt_writer::write` takes them.
 pub type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 /// Rows borrowed from the file, as [`Db::bucket`] gives them.
 pub type Entries<'a> = Vec<(&'a [u8], &'a [u8])>;
@@ -72,7 +72,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
 }
 
-fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(super) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -183,6 +183,26 @@ impl<'a> Db<'a> {
         Ok(Some(rows))
     }
 
+    /// How many pages deep the tree of top-level bucket `name` is (1: a single leaf), along
+    /// its first children.
+    #[cfg(test)]
+    pub(super) fn depth(&self, name: &[u8]) -> Result<usize, Error> {
+        let mut found = None;
+        self.walk(Root::Page(self.root), &mut |key, value, _| {
+            if key == name {
+                found = Some(value);
+            }
+            Ok(())
+        })?;
+        let Some(Root::Page(mut pgid)) = found.map(bucket_root).transpose()? else { return Ok(1) };
+        let mut depth = 1;
+        while u16_at(self.page(pgid)?, 8) == Some(BRANCH) {
+            pgid = u64_at(self.page(pgid)?, HEADER + 8).ok_or(Error::NestedBucket)?;
+            depth += 1;
+        }
+        Ok(depth)
+    }
+
     /// The names of the top-level buckets.
     pub fn bucket_names(&self) -> Result<Vec<&'a [u8]>, Error> {
         let mut names = Vec::new();
@@ -271,146 +291,6 @@ fn bucket_root(value: &[u8]) -> Result<Root<'_>, Error> {
         .ok_or(Error::Page { pgid: 0, why: "an inline bucket has no page" })
 }
 
-/// Builds a bbolt file (pages of [`PAGE_SIZE`]) holding `buckets`, each a top-level bucket
-/// with its rows, which must be sorted by key without duplicates (bucket names too).
-/// Pages are filled to the brim; bbolt reads and rebalances any fill.
-pub fn write(buckets: &[(&[u8], Rows)]) -> Vec<u8> {
-    // Pages 0 and 1 are the metas, page 2 an empty freelist (every page is in use); the trees
-    // follow from page 3.
-    let mut w = Writer { body: Vec::new(), next: 3 };
-    let mut top = Vec::new();
-    for (name, rows) in buckets {
-        let items: Vec<Item<'_>> = rows.iter().map(|(k, v)| (0, k.as_slice(), v.as_slice())).collect();
-        let root = w.tree(&items);
-        let mut header = root.to_le_bytes().to_vec();
-        header.extend_from_slice(&0u64.to_le_bytes());
-        top.push((name.to_vec(), header));
-    }
-    let top_items: Vec<Item<'_>> = top.iter().map(|(k, v)| (BUCKET_FLAG.into(), k.as_slice(), v.as_slice())).collect();
-    let root = w.tree(&top_items);
-    let mut out = Vec::with_capacity(3 * PAGE_SIZE + w.body.len());
-    for id in 0..2u64 {
-        let mut page = header(id, META, 0, 0);
-        let mut m = Vec::with_capacity(META_LEN);
-        for v in [MAGIC, VERSION, PAGE_SIZE as u32, 0] {
-            m.extend_from_slice(&v.to_le_bytes());
-        }
-        // Root bucket (page, sequence), freelist page, pages in use, transaction id.
-        for v in [root, 0, 2, w.next, 1] {
-            m.extend_from_slice(&v.to_le_bytes());
-        }
-        let sum = fnv1a64(&m);
-        m.extend_from_slice(&sum.to_le_bytes());
-        page.extend_from_slice(&m);
-        page.resize(PAGE_SIZE, 0);
-        out.extend_from_slice(&page);
-    }
-    let mut freelist = header(2, FREELIST, 0, 0);
-    freelist.resize(PAGE_SIZE, 0);
-    out.extend_from_slice(&freelist);
-    out.extend_from_slice(&w.body);
-    // The pages' ids run 0..next and the file holds exactly them (checked when read).
-    assert_eq!(out.len() as u64, w.next * PAGE_SIZE as u64);
-    out
-}
-
-/// A page element to write: for a leaf its flags, for a branch its child page id; key; value.
-type Item<'a> = (u64, &'a [u8], &'a [u8]);
-
-fn header(id: u64, flags: u16, count: u16, overflow: u32) -> Vec<u8> {
-    let mut h = Vec::with_capacity(PAGE_SIZE);
-    h.extend_from_slice(&id.to_le_bytes());
-    h.extend_from_slice(&flags.to_le_bytes());
-    h.extend_from_slice(&count.to_le_bytes());
-    h.extend_from_slice(&overflow.to_le_bytes());
-    h
-}
-
-struct Writer {
-    /// Pages from 3 on.
-    body: Vec<u8>,
-    next: u64,
-}
-
-impl Writer {
-    /// Writes the tree of `items` and returns its root page.
-    fn tree(&mut self, items: &[Item<'_>]) -> u64 {
-        // Leaves, then branch levels over them until one page remains. An empty tree is one
-        // empty leaf.
-        let mut level: Vec<(Vec<u8>, u64)> = Vec::new();
-        let mut rest = items;
-        loop {
-            let (chunk, after) = rest.split_at(fill(rest, |(_, k, v)| k.len() + v.len()));
-            let first = chunk.first().map(|(_, k, _)| k.to_vec()).unwrap_or_default();
-            level.push((first, self.page(LEAF, chunk)));
-            rest = after;
-            if rest.is_empty() {
-                break;
-            }
-        }
-        while level.len() > 1 {
-            let mut up = Vec::new();
-            let mut rest = level.as_slice();
-            while !rest.is_empty() {
-                let (chunk, after) = rest.split_at(fill(rest, |(k, _)| k.len()));
-                let elements: Vec<Item<'_>> = chunk.iter().map(|(k, child)| (*child, k.as_slice(), &[][..])).collect();
-                let pgid = self.page(BRANCH, &elements);
-                up.push((chunk.first().map(|(k, _)| k.clone()).unwrap_or_default(), pgid));
-                rest = after;
-            }
-            level = up;
-        }
-        level.first().map_or(0, |(_, p)| *p)
-    }
-
-    /// Appends one page (with overflow pages if its elements need them).
-    fn page(&mut self, flags: u16, elements: &[Item<'_>]) -> u64 {
-        let id = self.next;
-        let mut data_at = HEADER + elements.len() * ELEMENT;
-        let len = data_at + elements.iter().map(|(_, k, v)| k.len() + v.len()).sum::<usize>();
-        let pages = len.div_ceil(PAGE_SIZE).max(1);
-        let mut page = header(id, flags, elements.len() as u16, (pages - 1) as u32);
-        for (i, (first, key, value)) in elements.iter().enumerate() {
-            // `pos` counts from the element's own start.
-            let pos = (data_at - (HEADER + i * ELEMENT)) as u32;
-            if flags == LEAF {
-                for v in [*first as u32, pos, key.len() as u32, value.len() as u32] {
-                    page.extend_from_slice(&v.to_le_bytes());
-                }
-            } else {
-                page.extend_from_slice(&pos.to_le_bytes());
-                page.extend_from_slice(&(key.len() as u32).to_le_bytes());
-                page.extend_from_slice(&first.to_le_bytes());
-            }
-            data_at += key.len() + value.len();
-        }
-        for (_, key, value) in elements {
-            page.extend_from_slice(key);
-            page.extend_from_slice(value);
-        }
-        page.resize(pages * PAGE_SIZE, 0);
-        self.body.extend_from_slice(&page);
-        self.next += pages as u64;
-        id
-    }
-}
-
-/// How many of `items` (at least one, if any) go in the next page without overflowing it; an
-/// item too big for a page alone gets a page with overflow of its own. bbolt's count is a u16.
-fn fill<T>(items: &[T], size: impl Fn(&T) -> usize) -> usize {
-    let mut used = HEADER;
-    let mut n = 0;
-    for item in items {
-        let add = ELEMENT + size(item);
-        if n > 0 && (used + add > PAGE_SIZE || n == u16::MAX as usize) {
-            break;
-        }
-        used += add;
-        n += 1;
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,45 +299,8 @@ mod tests {
         (0..n).map(|i| (format!("key-{i:06}").into_bytes(), vec![i as u8; value_len])).collect()
     }
 
-    #[test]
-    fn written_files_read_back_with_three_levels_overflow_and_empty_buckets() {
-        let buckets: Vec<(&[u8], Rows)> =
-            vec![(b"big", rows(3, 10_000)), (b"empty", Vec::new()), (b"many", rows(40_000, 20)), (b"small", rows(2, 3))];
-        let file = write(&buckets);
-        assert!(looks_like_bbolt(&file));
-        let db = Db::open(&file).unwrap();
-        assert_eq!(db.bucket_names().unwrap(), vec![&b"big"[..], b"empty", b"many", b"small"]);
-        for (name, want) in &buckets {
-            let got = db.bucket(name).unwrap().unwrap();
-            let got: Rows = got.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
-            assert_eq!(&got, want);
-        }
-        assert!(db.bucket(b"absent").unwrap().is_none());
-    }
-
-    #[test]
-    fn a_bucket_inside_a_bucket_is_refused() {
-        // write() makes only top-level buckets: take an empty file and append a tree whose
-        // bucket `outer` holds a row flagged as a bucket (an inline one, empty), then point the
-        // metas at it.
-        let mut file = write(&[]);
-        let mut w = Writer { body: Vec::new(), next: file.len() as u64 / PAGE_SIZE as u64 };
-        let mut inner = [0u8; BUCKET_HEADER].to_vec();
-        inner.extend_from_slice(&header(0, LEAF, 0, 0));
-        let mut outer = w.tree(&[(BUCKET_FLAG.into(), b"inner", &inner)]).to_le_bytes().to_vec();
-        outer.extend_from_slice(&[0u8; 8]);
-        let root = w.tree(&[(BUCKET_FLAG.into(), b"outer", &outer)]);
-        file.extend_from_slice(&w.body);
-        for id in 0..2usize {
-            let m = id * PAGE_SIZE + HEADER;
-            file[m + 16..m + 24].copy_from_slice(&root.to_le_bytes());
-            file[m + 40..m + 48].copy_from_slice(&w.next.to_le_bytes());
-            let sum = fnv1a64(&file[m..m + 56]);
-            file[m + 56..m + 64].copy_from_slice(&sum.to_le_bytes());
-        }
-        let db = Db::open(&file).unwrap();
-        assert_eq!(db.bucket_names().unwrap(), vec![&b"outer"[..]]);
-        assert!(matches!(db.bucket(b"outer"), Err(Error::NestedBucket)));
+    fn write(buckets: &[(&[u8], Rows)]) -> Vec<u8> {
+        super::super::bbolt_writer::write(buckets).unwrap()
     }
 
     #[test]

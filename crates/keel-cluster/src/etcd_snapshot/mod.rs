@@ -16,14 +16,19 @@
 //! the data directory before the whole file has been read and checked.
 
 pub mod bbolt;
+pub mod bbolt_writer;
 pub mod schema;
 
+use std::io::{self, Seek, Write};
 use std::path::Path;
 use std::sync::Arc;
 
 use keeldb::fs::FileSystem;
 use keeldb::{Database, Durability, Options, ReadTxn};
 use sha2::{Digest, Sha256};
+
+use bbolt_writer::FileWriter;
+use etcd_client::proto::PbKeyValue;
 
 use crate::auth::{AuthOp, AuthState, Perm, Permission};
 use crate::mvcc::{Record, COMPACT_KEY, KV, META, REV_KEY};
@@ -59,6 +64,12 @@ pub enum Error {
     Store(String),
 }
 
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        Error::Store(e.to_string())
+    }
+}
+
 fn store(e: impl std::fmt::Display) -> Error {
     Error::Store(e.to_string())
 }
@@ -89,20 +100,44 @@ pub fn read(file: &[u8]) -> Result<EtcdState, Error> {
     EtcdState::read(&db)
 }
 
-/// The snapshot file etcd's tools expect for `state`: the bbolt database and its SHA-256.
-pub fn write(state: &EtcdState) -> Vec<u8> {
-    let buckets = state.buckets();
-    let refs: Vec<(&[u8], bbolt::Rows)> = buckets.into_iter().map(|(n, r)| (n.as_bytes(), r)).collect();
-    let mut file = bbolt::write(&refs);
-    let hash = Sha256::digest(&file);
-    file.extend_from_slice(&hash);
-    file
+/// Writes the etcd backend database for `state` to `out` (its `keys` ignored: they come from
+/// `keys`, in `(mod_revision, key)` order). Returns `out` and the database's length.
+fn write_db<W: Write + Seek>(
+    state: &EtcdState,
+    keys: impl IntoIterator<Item = Result<PbKeyValue, Error>>,
+    out: W,
+) -> Result<(W, u64), Error> {
+    let mut file = FileWriter::new(out)?;
+    let mut keys = Some(keys);
+    for (name, rows) in state.buckets_but_keys() {
+        let streamed = if name == schema::KEY { keys.take() } else { None };
+        match streamed {
+            Some(keys) => file.bucket(name.as_bytes(), schema::key_rows(keys))?,
+            None => file.bucket(name.as_bytes(), rows.into_iter().map(Ok::<_, Error>))?,
+        }
+    }
+    Ok(file.finish()?)
 }
 
-/// Keel's state as of `txn` as an etcd snapshot file (what `Maintenance.Snapshot` should
-/// stream so that `etcdctl snapshot save` and `etcdutl snapshot restore` accept it):
-/// every live key, the leases, users, roles and auth, at the store's revision.
-pub fn export(txn: &ReadTxn) -> Result<Vec<u8>, Error> {
+/// The snapshot file etcd's tools expect for `state`: the bbolt database and its SHA-256.
+pub fn write(state: &EtcdState) -> Result<Vec<u8>, Error> {
+    let mut keys: Vec<&PbKeyValue> = state.keys.iter().collect();
+    keys.sort_by(|a, b| (a.mod_revision, &a.key).cmp(&(b.mod_revision, &b.key)));
+    let (out, _) = write_db(state, keys.into_iter().map(|kv| Ok(kv.clone())), io::Cursor::new(Vec::new()))?;
+    let mut file = out.into_inner();
+    let hash = Sha256::digest(&file);
+    file.extend_from_slice(&hash);
+    Ok(file)
+}
+
+/// Keel's state as of `txn` as an etcd backend database, written to `out` (a temporary file):
+/// every live key, the leases, users, roles and auth, at the store's revision. Returns `out`
+/// and the length written. Memory: each key once (to order them by revision), not the values.
+///
+/// For `Maintenance.Snapshot`: stream these bytes and then their SHA-256, which `etcdctl
+/// snapshot save` checks and `etcdutl snapshot restore` strips (the length is a multiple of the
+/// page size, so no padding, unlike `backup.rs`'s keel format).
+pub fn export_to<W: Write + Seek>(txn: &ReadTxn, out: W) -> Result<(W, u64), Error> {
     let meta_i64 = |key: &[u8]| -> Result<i64, Error> {
         match txn.get(META, key).map_err(store)? {
             Some(v) => bincode::deserialize(&v).map_err(store),
@@ -111,18 +146,6 @@ pub fn export(txn: &ReadTxn) -> Result<Vec<u8>, Error> {
     };
     let mut state = EtcdState { revision: meta_i64(REV_KEY)?.max(1), ..EtcdState::default() };
     state.compact_revision = meta_i64(COMPACT_KEY)?;
-    for row in txn.scan(KV, keeldb::ScanRange::all()).map_err(store)? {
-        let (key, value) = row.map_err(store)?;
-        let r = Record::decode(&value).map_err(store)?;
-        state.keys.push(etcd_client::proto::PbKeyValue {
-            key,
-            create_revision: r.create_revision,
-            mod_revision: r.mod_revision,
-            version: r.version,
-            value: r.value,
-            lease: r.lease,
-        });
-    }
     state.leases = lease::stored_leases(txn).map_err(store)?;
     let auth = AuthState::load(txn).map_err(Error::Auth)?;
     state.auth_enabled = auth.enabled;
@@ -148,7 +171,35 @@ pub fn export(txn: &ReadTxn) -> Result<Vec<u8>, Error> {
                 .collect(),
         });
     }
-    Ok(write(&state))
+    let mut order = Vec::new();
+    for row in txn.scan(KV, keeldb::ScanRange::all()).map_err(store)? {
+        let (key, value) = row.map_err(store)?;
+        order.push((Record::decode(&value).map_err(store)?.mod_revision, key));
+    }
+    order.sort();
+    let keys = order.into_iter().map(|(_, key)| {
+        let value = txn.get(KV, &key).map_err(store)?.ok_or_else(|| store("a key vanished from a read view"))?;
+        let r = Record::decode(&value).map_err(store)?;
+        Ok(PbKeyValue {
+            key,
+            create_revision: r.create_revision,
+            mod_revision: r.mod_revision,
+            version: r.version,
+            value: r.value,
+            lease: r.lease,
+        })
+    });
+    write_db(&state, keys, out)
+}
+
+/// [`export_to`] in memory, with the SHA-256 appended: the whole file `etcdctl snapshot save`
+/// would save.
+pub fn export(txn: &ReadTxn) -> Result<Vec<u8>, Error> {
+    let (out, _) = export_to(txn, io::Cursor::new(Vec::new()))?;
+    let mut file = out.into_inner();
+    let hash = Sha256::digest(&file);
+    file.extend_from_slice(&hash);
+    Ok(file)
 }
 
 /// The auth ops that rebuild etcd's users and roles in keel, in an order keel accepts: roles

@@ -225,21 +225,11 @@ impl EtcdState {
         Ok(())
     }
 
-    /// The buckets of an etcd backend holding this state, each sorted, for `bbolt::write`.
-    /// Each key is written once, at its mod revision (sub revisions numbered in key order
-    /// among keys sharing one), and both compaction marks are the revision: the history
-    /// before it is not in the file, and etcd starts its revision counter from there.
-    pub fn buckets(&self) -> Vec<(&'static str, Rows)> {
-        let mut key_rows: Rows = Vec::with_capacity(self.keys.len());
-        let mut by_revision: Vec<&PbKeyValue> = self.keys.iter().collect();
-        by_revision.sort_by(|a, b| (a.mod_revision, &a.key).cmp(&(b.mod_revision, &b.key)));
-        let mut sub = 0;
-        let mut last_main = None;
-        for kv in by_revision {
-            sub = if last_main == Some(kv.mod_revision) { sub + 1 } else { 0 };
-            last_main = Some(kv.mod_revision);
-            key_rows.push((revision_key(kv.mod_revision, sub), kv.encode_to_vec()));
-        }
+    /// Every bucket of an etcd backend for this state, in name order, each with its rows in
+    /// key order, except that `key` is empty: its rows come from [`key_rows`] (streamed, as
+    /// they may be many). Both compaction marks are the revision: the history before it is
+    /// not in the file, and etcd starts its revision counter from there.
+    pub fn buckets_but_keys(&self) -> Vec<(&'static str, Rows)> {
         let compact = revision_key(self.revision, 0);
         let mut meta = vec![
             (CONSISTENT_INDEX.to_vec(), self.consistent_index.to_be_bytes().to_vec()),
@@ -249,39 +239,54 @@ impl EtcdState {
             (TERM.to_vec(), self.term.max(1).to_be_bytes().to_vec()),
         ];
         meta.sort();
-        let leases: Rows = self
+        let mut leases: Rows = self
             .leases
             .iter()
             .map(|&(id, ttl)| {
                 ((id as u64).to_be_bytes().to_vec(), LeasePb { id, ttl, remaining_ttl: 0 }.encode_to_vec())
             })
             .collect();
-        let auth = vec![
+        leases.sort();
+        let mut auth = vec![
             (AUTH_ENABLED.to_vec(), vec![u8::from(self.auth_enabled)]),
             (AUTH_REVISION.to_vec(), self.auth_revision.to_be_bytes().to_vec()),
         ];
-        let mut users: Vec<_> = self.users.iter().map(|u| (u.name.clone(), u.encode_to_vec())).collect();
+        let mut users: Rows = self.users.iter().map(|u| (u.name.clone(), u.encode_to_vec())).collect();
         users.sort();
-        let mut roles: Vec<_> = self.roles.iter().map(|r| (r.name.clone(), r.encode_to_vec())).collect();
+        let mut roles: Rows = self.roles.iter().map(|r| (r.name.clone(), r.encode_to_vec())).collect();
         roles.sort();
-        let mut out: Vec<(&'static str, Rows)> = ALL_BUCKETS
+        let mut names = ALL_BUCKETS;
+        names.sort();
+        names
             .into_iter()
             .map(|name| {
                 let rows = match name {
-                    KEY => std::mem::take(&mut key_rows),
                     META => std::mem::take(&mut meta),
-                    LEASE => leases.clone(),
-                    AUTH => auth.clone(),
+                    LEASE => std::mem::take(&mut leases),
+                    AUTH => std::mem::take(&mut auth),
                     AUTH_USERS => std::mem::take(&mut users),
                     AUTH_ROLES => std::mem::take(&mut roles),
                     _ => Vec::new(),
                 };
                 (name, rows)
             })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(b.0));
-        out
+            .collect()
     }
+}
+
+/// The rows of the `key` bucket for live keys given in `(mod_revision, key)` order: each key
+/// once, at its mod revision, sub revisions numbered in key order among keys sharing one.
+pub fn key_rows<E>(
+    keys: impl IntoIterator<Item = Result<PbKeyValue, E>>,
+) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), E>> {
+    let mut last = None;
+    let mut sub = 0;
+    keys.into_iter().map(move |kv| {
+        let kv = kv?;
+        sub = if last == Some(kv.mod_revision) { sub + 1 } else { 0 };
+        last = Some(kv.mod_revision);
+        Ok((revision_key(kv.mod_revision, sub), kv.encode_to_vec()))
+    })
 }
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ fn a_damaged_hash_or_a_truncated_file_is_named() {
 
 #[test]
 fn a_bbolt_file_that_is_not_etcds_is_refused() {
-    let file = bbolt::write(&[(b"other", vec![(b"k".to_vec(), b"v".to_vec())])]);
+    let file = bbolt_writer::write(&[(b"other", vec![(b"k".to_vec(), b"v".to_vec())])]).unwrap();
     assert!(matches!(read(&file), Err(Error::MissingBucket("meta"))));
 }
 
@@ -173,7 +173,7 @@ fn truncated_and_flipped_databases_are_errors_never_panics() {
 #[test]
 fn restoring_an_empty_etcd_starts_at_revision_one() {
     let state = EtcdState::default();
-    let file = write(&state);
+    let file = write(&state).unwrap();
     let back = read(&file).unwrap();
     assert_eq!((back.revision, back.keys.len()), (1, 0));
     let dir = tempfile::tempdir().unwrap();
@@ -188,7 +188,7 @@ fn etcd_file(buckets: Vec<(&'static str, bbolt::Rows)>) -> Vec<u8> {
         all.push((name.as_bytes(), rows));
     }
     all.sort_by(|a, b| a.0.cmp(b.0));
-    bbolt::write(&all)
+    bbolt_writer::write(&all).unwrap()
 }
 
 fn revision_key(main: i64, sub: i64) -> Vec<u8> {
