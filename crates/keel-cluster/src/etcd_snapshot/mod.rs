@@ -19,6 +19,7 @@ pub mod bbolt;
 pub mod bbolt_writer;
 pub mod schema;
 
+use std::collections::HashSet;
 use std::io::{self, Seek, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -238,33 +239,34 @@ fn auth_ops(state: &EtcdState) -> Result<Vec<AuthOp>, Error> {
 /// A row of keel's store: table, key, value.
 type Row = (&'static str, Vec<u8>, Vec<u8>);
 
-/// Every row of keel's store for `state`: keys, leases and their key index, auth, revision.
-fn rows(state: &EtcdState) -> Result<Vec<Row>, Error> {
-    let mut out = Vec::with_capacity(state.keys.len() + state.leases.len());
-    let leases: std::collections::HashSet<i64> = state.leases.iter().map(|(id, _)| *id).collect();
-    for kv in &state.keys {
-        // keel's invariant: a key names a lease only if the lease exists (etcd keeps the
-        // attachment of a lease it lost, which then never expires the key).
-        let lease = if leases.contains(&kv.lease) { kv.lease } else { 0 };
-        let record = Record {
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            lease,
-            value: kv.value.clone(),
-        };
-        out.push((KV, kv.key.clone(), record.encode()));
-        if lease != 0 {
-            out.push((lease::LEASE_KEYS, lease::index_key(lease, &kv.key), Vec::new()));
-        }
-    }
+/// The rows of keel's store for one etcd key: its record, and its row in the lease's key
+/// index.
+fn key_rows(kv: &PbKeyValue, leases: &HashSet<i64>) -> impl Iterator<Item = Row> {
+    // keel's invariant: a key names a lease only if the lease exists (etcd keeps the
+    // attachment of a lease it lost, which then never expires the key).
+    let lease = if leases.contains(&kv.lease) { kv.lease } else { 0 };
+    let record = Record {
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        lease,
+        value: kv.value.clone(),
+    };
+    let index = (lease != 0).then(|| (lease::LEASE_KEYS, lease::index_key(lease, &kv.key), Vec::new()));
+    std::iter::once((KV, kv.key.clone(), record.encode())).chain(index)
+}
+
+/// The rows of keel's store for `state` but its keys: leases, auth, revision. Computed before
+/// the store is opened, so state keel's rules refuse (auth) leaves nothing written.
+fn other_rows(state: &EtcdState) -> Result<Vec<Row>, Error> {
+    let mut out = Vec::new();
     for &(id, ttl) in &state.leases {
         out.push((lease::LEASES, lease::id_key(id).to_vec(), lease::encode_ttl(ttl)));
     }
     let mut auth = AuthState::default();
     for op in auth_ops(state)? {
         for (table, key, value) in auth.apply(&op).map_err(|e| Error::Auth(format!("{op:?}: {e}")))? {
-            // A later op may rewrite a row an earlier one wrote; the last write wins below.
+            // A later op may rewrite a row an earlier one wrote; the last write wins.
             if let Some(value) = value {
                 out.push((table, key, value));
             }
@@ -276,16 +278,19 @@ fn rows(state: &EtcdState) -> Result<Vec<Row>, Error> {
 }
 
 /// Makes `dir` (the `sm` directory of a new cluster's member, not yet existing or empty) hold
-/// `state`, as `state_machine::restore` does for keel's own snapshots. Checkpointed before
-/// returning (durable). Returns the revision the new cluster continues from.
+/// `state`, as `state_machine::restore` does for keel's own snapshots: rows in transactions
+/// of [`ROWS_PER_TXN`], made as they are written (the keys are not copied twice in memory).
+/// Checkpointed before returning (durable). Returns the revision the new cluster continues from.
 pub fn restore(dir: &Path, state: &EtcdState, fs: Arc<dyn FileSystem>) -> Result<i64, Error> {
-    let rows = rows(state)?;
+    let others = other_rows(state)?;
+    let leases: HashSet<i64> = state.leases.iter().map(|(id, _)| *id).collect();
+    let mut rows = state.keys.iter().flat_map(|kv| key_rows(kv, &leases)).chain(others).peekable();
     let relaxed = Options { fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
     let db = Database::open(dir.join("store"), relaxed).map_err(store)?;
-    for chunk in rows.chunks(ROWS_PER_TXN) {
+    while rows.peek().is_some() {
         let mut txn = db.begin_write().map_err(store)?;
-        for (table, key, value) in chunk {
-            txn.put(table, key, value).map_err(store)?;
+        for (table, key, value) in rows.by_ref().take(ROWS_PER_TXN) {
+            txn.put(table, &key, &value).map_err(store)?;
         }
         txn.commit().map_err(store)?;
     }
