@@ -6,7 +6,8 @@
 //!
 //! The etcd binaries come from `scripts/go-tools etcd etcdctl etcdutl` (`.tools/bin`); without
 //! them these tests print that they did not run and pass (the unit tests in
-//! `src/etcd_snapshot/tests.rs` check the checked-in etcd fixtures without Go).
+//! `src/etcd_snapshot/tests.rs` check the checked-in etcd fixtures without Go), unless
+//! `KEEL_REQUIRE_ETCD` is set: `scripts/etcd-snapshot-check` builds the tools and sets it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 mod common;
@@ -19,8 +20,12 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, ConnectOptions, GetOptions, LeaseTimeToLiveOptions, Permission, PutOptions, Txn, TxnOp};
 use keel_cluster::ServeConfig;
 
+/// `.tools/bin/NAME`, if built; with `KEEL_REQUIRE_ETCD` set (`scripts/etcd-snapshot-check`)
+/// a missing tool fails the test instead of skipping it.
 fn tool(name: &str) -> Option<PathBuf> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin").join(name);
+    let required = std::env::var_os("KEEL_REQUIRE_ETCD").is_some();
+    assert!(path.exists() || !required, "{} is missing: run scripts/go-tools {name}", path.display());
     path.exists().then_some(path)
 }
 
