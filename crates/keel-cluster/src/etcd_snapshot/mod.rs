@@ -148,7 +148,30 @@ pub fn export_to<W: Write + Seek>(txn: &ReadTxn, out: W) -> Result<(W, u64), Err
     let mut state = EtcdState { revision: meta_i64(REV_KEY)?.max(1), ..EtcdState::default() };
     state.compact_revision = meta_i64(COMPACT_KEY)?;
     state.leases = lease::stored_leases(txn).map_err(store)?;
-    let auth = AuthState::load(txn).map_err(Error::Auth)?;
+    set_auth(&mut state, &AuthState::load(txn).map_err(Error::Auth)?);
+    let mut order = Vec::new();
+    for row in txn.scan(KV, keeldb::ScanRange::all()).map_err(store)? {
+        let (key, value) = row.map_err(store)?;
+        order.push((Record::decode(&value).map_err(store)?.mod_revision, key));
+    }
+    order.sort();
+    let keys = order.into_iter().map(|(_, key)| {
+        let value = txn.get(KV, &key).map_err(store)?.ok_or_else(|| store("a key vanished from a read view"))?;
+        let r = Record::decode(&value).map_err(store)?;
+        Ok(PbKeyValue {
+            key,
+            create_revision: r.create_revision,
+            mod_revision: r.mod_revision,
+            version: r.version,
+            value: r.value,
+            lease: r.lease,
+        })
+    });
+    write_db(&state, keys, out)
+}
+
+/// Keel's users, roles and auth switch in etcd's encodings.
+fn set_auth(state: &mut EtcdState, auth: &AuthState) {
     state.auth_enabled = auth.enabled;
     state.auth_revision = auth.revision;
     for (name, user) in &auth.users {
@@ -172,25 +195,6 @@ pub fn export_to<W: Write + Seek>(txn: &ReadTxn, out: W) -> Result<(W, u64), Err
                 .collect(),
         });
     }
-    let mut order = Vec::new();
-    for row in txn.scan(KV, keeldb::ScanRange::all()).map_err(store)? {
-        let (key, value) = row.map_err(store)?;
-        order.push((Record::decode(&value).map_err(store)?.mod_revision, key));
-    }
-    order.sort();
-    let keys = order.into_iter().map(|(_, key)| {
-        let value = txn.get(KV, &key).map_err(store)?.ok_or_else(|| store("a key vanished from a read view"))?;
-        let r = Record::decode(&value).map_err(store)?;
-        Ok(PbKeyValue {
-            key,
-            create_revision: r.create_revision,
-            mod_revision: r.mod_revision,
-            version: r.version,
-            value: r.value,
-            lease: r.lease,
-        })
-    });
-    write_db(&state, keys, out)
 }
 
 /// [`export_to`] in memory, with the SHA-256 appended: the whole file `etcdctl snapshot save`

@@ -280,3 +280,14 @@ fn auth_state_keel_cannot_hold_is_refused_before_the_store_is_written() {
         assert!(!dir.path().join("store").exists(), "nothing written");
     }
 }
+
+#[test]
+fn a_damaged_first_meta_page_falls_back_to_the_second_and_two_are_refused() {
+    let db = &ETCD_3_6[..ETCD_3_6.len() - HASH];
+    let mut one = db.to_vec();
+    one[16 + 20] ^= 0x01; // meta 0's root page: its checksum no longer holds
+    check_fixture("3.6.16, meta 0 damaged", &read(&one).unwrap());
+    let mut both = one.clone();
+    both[4096 + 16 + 20] ^= 0x01;
+    assert!(matches!(read(&both), Err(Error::NotBbolt(_))));
+}
