@@ -127,6 +127,8 @@ async fn fill(c: &mut Client) {
     }
     c.put("big", vec![b'x'; 20_000], None).await.unwrap();
     c.put("k/00", "third", None).await.unwrap();
+    // Deleted after the compaction: the tombstone is in the file.
+    c.delete("t/b", None).await.unwrap();
     // Enough keys for a three-level tree in etcd's `key` bucket (branch pages over branch
     // pages), written 100 to a txn (80 requests).
     for batch in 0..80 {

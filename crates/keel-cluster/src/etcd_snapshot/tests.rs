@@ -291,3 +291,41 @@ fn a_damaged_first_meta_page_falls_back_to_the_second_and_two_are_refused() {
     both[4096 + 16 + 20] ^= 0x01;
     assert!(matches!(read(&both), Err(Error::NotBbolt(_))));
 }
+
+#[test]
+fn a_tombstone_ends_a_key_until_it_is_put_again() {
+    use prost::Message;
+    let kv = |key: &str, value: &str, create: i64, rev: i64, version: i64| etcd_client::proto::PbKeyValue {
+        key: key.into(),
+        value: value.into(),
+        create_revision: create,
+        mod_revision: rev,
+        version,
+        lease: 0,
+    };
+    let tombstone = |main: i64| {
+        let mut k = revision_key(main, 0);
+        k.push(b't');
+        (
+            k,
+            etcd_client::proto::PbKeyValue { key: b"a".to_vec(), mod_revision: main, ..Default::default() }
+                .encode_to_vec(),
+        )
+    };
+    let rows = vec![
+        (revision_key(2, 0), kv("a", "1", 2, 2, 1).encode_to_vec()),
+        (revision_key(2, 1), kv("gone", "x", 2, 2, 1).encode_to_vec()),
+        tombstone(3),
+        (revision_key(4, 0), kv("a", "2", 4, 4, 1).encode_to_vec()),
+        {
+            let (mut k, v) = tombstone(5);
+            k[..8].copy_from_slice(&5i64.to_be_bytes());
+            let mut gone = etcd_client::proto::PbKeyValue::decode(v.as_slice()).unwrap();
+            gone.key = b"gone".to_vec();
+            (k, gone.encode_to_vec())
+        },
+    ];
+    let state = read(&etcd_file(vec![("key", rows)])).unwrap();
+    assert_eq!(state.revision, 5, "a tombstone's revision counts");
+    assert_eq!(state.keys, vec![kv("a", "2", 4, 4, 1)]);
+}
