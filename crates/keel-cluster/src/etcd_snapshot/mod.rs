@@ -47,7 +47,7 @@ const ROWS_PER_TXN: usize = 10_000;
 pub enum Error {
     #[error("snapshot checksum mismatch: the last 32 bytes are not the SHA-256 of the rest (damaged file)")]
     HashMismatch,
-    #[error("not an etcd snapshot (bbolt database): {0}")]
+    #[error("neither a keel snapshot (KEELCKP) nor an etcd one (bbolt database): {0}")]
     NotBbolt(&'static str),
     #[error("the database is truncated: its meta page needs {need} bytes, the file has {have}")]
     Truncated { need: u64, have: u64 },
