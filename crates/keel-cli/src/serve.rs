@@ -477,7 +477,8 @@ enum ClusterAction {
 /// Makes a data directory for one founding member of a new cluster from a snapshot.
 #[derive(Debug, Args)]
 pub struct RestoreCommand {
-    /// A snapshot from `keel cluster snapshot-save` or `etcdctl snapshot save` against keel.
+    /// A snapshot from `keel cluster snapshot-save` or `etcdctl snapshot save` against keel, or
+    /// one `etcdctl snapshot save` took from etcd 3.4–3.6 (etcd's bbolt file: the migration path).
     snapshot: PathBuf,
     /// The member's flags, exactly as it will be started with `keel serve`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0.., value_name = "ETCD_FLAGS")]

@@ -4,6 +4,10 @@
 //!
 //! Layout: the KeelDB checkpoint stream, zero padding, the stream's length (u64, little-endian)
 //! in the last 8 bytes before the hash, then SHA-256 of everything before it.
+//!
+//! etcd's own snapshot format (a bbolt database plus its SHA-256), which `keel snapshot-restore`
+//! also reads and `etcdutl` can read back, is `etcd_snapshot`'s; a file is keel's exactly when it
+//! starts with the checkpoint's magic (`KEELCKP`).
 
 use sha2::{Digest, Sha256};
 

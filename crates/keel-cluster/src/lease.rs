@@ -57,15 +57,20 @@ const REVOKES_PER_SEC: u64 = 1000;
 /// `expiredLeaseRetryInterval`), in case the first proposal was lost.
 const REVOKE_RETRY: Duration = Duration::from_secs(3);
 
-fn id_key(id: i64) -> [u8; 8] {
+pub(crate) fn id_key(id: i64) -> [u8; 8] {
     (id as u64).to_be_bytes()
 }
 
-fn index_key(id: i64, key: &[u8]) -> Vec<u8> {
+pub(crate) fn index_key(id: i64, key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + key.len());
     out.extend_from_slice(&id_key(id));
     out.extend_from_slice(key);
     out
+}
+
+/// A lease's row in `leases`.
+pub(crate) fn encode_ttl(ttl: i64) -> Vec<u8> {
+    ttl.to_le_bytes().to_vec()
 }
 
 fn decode_ttl(bytes: &[u8]) -> Result<i64, ApplyError> {
@@ -120,7 +125,7 @@ pub fn grant(
     if exists(view, req.id)? {
         return Err(ApplyError::LeaseExist);
     }
-    view.set_in(LEASES, id_key(req.id).to_vec(), Some(req.ttl.to_le_bytes().to_vec()));
+    view.set_in(LEASES, id_key(req.id).to_vec(), Some(encode_ttl(req.ttl)));
     Ok(PbLeaseGrantResponse {
         header: Some(PbResponseHeader { revision, ..Default::default() }),
         id: req.id,
