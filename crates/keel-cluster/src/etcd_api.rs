@@ -460,49 +460,71 @@ impl PbMaintenanceService for Api {
                 self.node.id
             );
         }
+        // The state as etcd's own snapshot file: a bbolt database in etcd's schema (what
+        // `etcdutl snapshot status/restore` read, and what `keel snapshot-restore` takes from
+        // either system), written to a temporary file from one engine view, then streamed in
+        // 64 KiB pieces with its SHA-256 as the last piece, as etcd sends it.
         let sm = std::sync::Arc::clone(&self.node.sm);
-        let (_, file) = tokio::task::spawn_blocking(move || sm.export_snapshot("backup"))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::internal(format!("keel: snapshot export failed: {e}")))?;
+        let dir =
+            if self.node.config.data_dir.is_dir() { self.node.config.data_dir.clone() } else { std::env::temp_dir() };
+        let path = dir.join(format!("keel-backup-{:x}-{}.db.tmp", self.node.id, rand::random::<u64>()));
+        let file_path = path.clone();
+        let exported = tokio::task::spawn_blocking(move || -> Result<(std::fs::File, u64), String> {
+            let (txn, _) = sm.read_now().map_err(|e| e.to_string())?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&file_path)
+                .map_err(|e| format!("{}: {e}", file_path.display()))?;
+            let (file, len) = crate::etcd_snapshot::export_to(&txn, file).map_err(|e| e.to_string())?;
+            Ok((file, len))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        // The file is gone from the directory at once; the open handle keeps its bytes.
+        let _ = std::fs::remove_file(&path);
+        let (file, len) = exported.map_err(|e| Status::internal(format!("keel: snapshot export failed: {e}")))?;
         let header = self.header(0);
         const CHUNK: usize = 64 * 1024;
-        let checkpoint = file.checkpoint();
-        let total = crate::backup::encoded_len(checkpoint.len());
+        const HASH_LEN: u64 = 32;
+        let total = len + HASH_LEN;
         let message = move |sent: u64, blob: Vec<u8>| PbSnapshotResponse {
             header: Some(header),
             remaining_bytes: total - sent,
             blob,
             version: ETCD_VERSION.to_string(),
         };
-        // (file kept open and alive, offset into the checkpoint, the hash so far: None once
-        // the tail is sent).
-        let start = (file, 0u64, Some(crate::backup::Encoder::default()));
-        let stream = futures_util::stream::unfold(start, move |(file, at, encoder)| {
-            let checkpoint = checkpoint.clone();
+        let file = std::sync::Arc::new(file);
+        // (offset, the hash so far: None once the hash is sent).
+        let start = (0u64, Some(<sha2::Sha256 as sha2::Digest>::new()));
+        let stream = futures_util::stream::unfold(start, move |(at, hasher)| {
+            let file = std::sync::Arc::clone(&file);
             async move {
-                let mut encoder = encoder?;
-                if at < checkpoint.len() {
-                    let piece = tokio::task::spawn_blocking(move || checkpoint.read(at, CHUNK)).await;
+                let mut hasher = hasher?;
+                if at < len {
+                    let want = CHUNK.min((len - at) as usize);
+                    let piece = tokio::task::spawn_blocking(move || {
+                        let mut buf = vec![0u8; want];
+                        std::os::unix::fs::FileExt::read_exact_at(file.as_ref(), &mut buf, at).map(|()| buf)
+                    })
+                    .await;
                     let piece = match piece {
-                        Ok(Ok(p)) if !p.is_empty() => p,
-                        Ok(Ok(_)) => {
-                            return Some((Err(Status::internal("keel: snapshot file ended early")), (file, at, None)))
-                        }
+                        Ok(Ok(p)) => p,
                         Ok(Err(e)) => {
                             return Some((
                                 Err(Status::internal(format!("keel: snapshot read failed: {e}"))),
-                                (file, at, None),
+                                (at, None),
                             ))
                         }
-                        Err(e) => return Some((Err(Status::internal(e.to_string())), (file, at, None))),
+                        Err(e) => return Some((Err(Status::internal(e.to_string())), (at, None))),
                     };
-                    encoder.update(&piece);
+                    sha2::Digest::update(&mut hasher, &piece);
                     let at = at + piece.len() as u64;
-                    return Some((Ok(message(at, piece)), (file, at, Some(encoder))));
+                    return Some((Ok(message(at, piece)), (at, Some(hasher))));
                 }
-                let tail = encoder.finish();
-                Some((Ok(message(total, tail)), (file, at, None)))
+                let hash = sha2::Digest::finalize(hasher).to_vec();
+                Some((Ok(message(total, hash)), (at, None)))
             }
         });
         Ok(GrpcResponse::new(Box::pin(stream)))

@@ -420,18 +420,17 @@ async fn a_member_whose_raft_stops_on_a_storage_error_stops_and_says_why() {
     for k in 0..20 {
         c.put(format!("k{k}"), "v", None).await.unwrap();
     }
-    let mut bytes = Vec::new();
-    let mut stream = c.snapshot().await.unwrap();
-    while let Some(chunk) = stream.message().await.unwrap() {
-        bytes.extend_from_slice(chunk.blob());
-    }
-    source.stop().await;
+    // The member's own checkpoint export (a Raft snapshot's data), which carries the engine's
+    // applied log position.
+    let (_, snapshot) = source.node.sm.export_snapshot("test").unwrap();
 
     let other = tempfile::tempdir().unwrap();
     let cfg = config(other.path(), &base_ip(8), &["f1"], 0);
     let member_dir = cfg.data_dir.join("member");
     let store = keeldb::Database::open(member_dir.join("sm").join("store"), keeldb::Options::default()).unwrap();
-    store.install_checkpoint(&mut keel_cluster::backup::decode(&bytes).unwrap()).unwrap();
+    store.install_checkpoint(&mut snapshot.checkpoint_reader()).unwrap();
+    drop(snapshot);
+    source.stop().await;
     // Forget the old cluster's position in the tables only (the engine still knows it).
     let mut txn = store.begin_write().unwrap();
     txn.delete("meta", b"applied").unwrap();
