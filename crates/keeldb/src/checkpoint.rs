@@ -922,6 +922,116 @@ mod tests {
         w.finish().expect("finish").0
     }
 
+    #[derive(Default)]
+    struct CollectHistory(Vec<String>);
+    impl CheckpointSink for CollectHistory {
+        fn table(&mut self, _: u32, _: &str) {}
+        fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
+        fn history(&mut self, record: &HistoryRecord<'_>) {
+            self.0.push(format!("{record:?}"));
+        }
+    }
+
+    /// A checkpoint at ts 20 of table 1 with `floor`, its history records written by `f`.
+    fn with_history(floor: Option<u64>, f: impl FnOnce(&mut CheckpointEncoder<&mut Vec<u8>>)) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut enc = CheckpointEncoder::with_floor(&mut out, 20, 2, None, floor).expect("header");
+        enc.table(1, &Arc::from("t")).expect("table");
+        enc.entry(1, b"a", b"2").expect("entry");
+        f(&mut enc);
+        enc.finish().expect("finish");
+        out
+    }
+
+    #[test]
+    fn history_records_round_trip_after_a_version_2_header() {
+        let bytes = with_history(Some(10), |enc| {
+            enc.created(1, 11).unwrap();
+            enc.base(1, b"a", None).unwrap();
+            enc.change(11, 1, b"a", Some(b"1")).unwrap();
+            enc.change(12, 1, b"a", Some(b"2")).unwrap();
+        });
+        let mut sink = CollectHistory::default();
+        let summary = read_checkpoint(&bytes, &mut sink).expect("valid");
+        assert_eq!(summary.history_floor, Some(10));
+        assert_eq!(le_u32(&bytes, 8), Some(VERSION_HISTORY));
+        assert_eq!(sink.0.len(), 4);
+        // Without a floor the header is version 1, byte for byte what earlier builds wrote.
+        let plain = with_history(None, |_| {});
+        assert_eq!(le_u32(&plain, 8), Some(VERSION_STATE));
+        assert_eq!(read_checkpoint(&plain, &mut Discard).expect("valid").history_floor, None);
+    }
+
+    #[test]
+    fn history_records_that_break_the_rules_are_refused() {
+        type Write = fn(&mut CheckpointEncoder<&mut Vec<u8>>);
+        let cases: [(Option<u64>, Write, &str); 7] = [
+            (None, |e| e.change(12, 1, b"a", None).unwrap(), "without history"),
+            (Some(10), |e| e.change(10, 1, b"a", None).unwrap(), "outside"),
+            (Some(10), |e| e.change(21, 1, b"a", None).unwrap(), "outside"),
+            (
+                Some(10),
+                |e| {
+                    e.change(13, 1, b"a", None).unwrap();
+                    e.change(12, 1, b"a", None).unwrap();
+                },
+                "out of order",
+            ),
+            (
+                Some(10),
+                |e| {
+                    e.change(12, 1, b"a", None).unwrap();
+                    e.base(1, b"a", None).unwrap();
+                },
+                "out of order",
+            ),
+            (Some(10), |e| e.base(7, b"a", None).unwrap(), "unknown table"),
+            (
+                Some(10),
+                |e| {
+                    e.base(1, b"a", None).unwrap();
+                    e.entry(1, b"b", b"1").unwrap();
+                },
+                "after history",
+            ),
+        ];
+        for (floor, write, why) in cases {
+            let bytes = with_history(floor, write);
+            match read_checkpoint(&bytes, &mut Discard) {
+                Err((_, reason)) => assert!(reason.contains(why), "{why}: {reason}"),
+                Ok(_) => panic!("accepted: {why}"),
+            }
+        }
+        // A floor above the checkpoint's timestamp is a bad header.
+        let bytes = with_history(Some(21), |_| {});
+        assert!(read_checkpoint(&bytes, &mut Discard).is_err());
+        // A stream reader (no header context) refuses history records.
+        let mut decoder = BlockDecoder::default();
+        let mut block = Vec::new();
+        block.put_u8(REC_TABLE);
+        block.put_u32(1);
+        block.put_bytes32(b"t");
+        block.put_u8(REC_BASE);
+        block.put_u32(1);
+        block.put_bytes32(b"a");
+        block.put_u8(0);
+        let crc = crc32c::crc32c(&block);
+        assert!(decoder.block(64, &block, crc, &mut Discard).is_err());
+    }
+
+    #[test]
+    fn only_a_newer_version_with_an_intact_header_is_unsupported() {
+        for (version, newer) in [(1, false), (2, false), (3, true), (u32::MAX, true)] {
+            let mut header = encode_header(2, 7, None, None);
+            header[8..12].copy_from_slice(&u32::to_le_bytes(version));
+            let crc = crc32c::crc32c(&header[..60]);
+            header[60..64].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(unsupported_version(&header), newer.then_some(version), "version {version}");
+            header[20] ^= 1; // a damaged header is damage, whatever its version says
+            assert_eq!(unsupported_version(&header), None);
+        }
+    }
+
     #[test]
     fn applied_position_round_trips_in_the_header() {
         let dir = tempfile::tempdir().expect("tempdir");

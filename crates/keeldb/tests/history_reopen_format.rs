@@ -1,0 +1,166 @@
+//! The checkpoint format's history part, seen from outside: which version a store writes, that
+//! a version 1 checkpoint (no history) still opens with history kept, that a newer version
+//! refuses the open instead of being set aside, and what a reopen keeps when the history after
+//! the floor holds something version 2 cannot state (a dropped table).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod common;
+
+use std::path::Path;
+
+use common::{files, put, TestDir};
+use keeldb::{ChangeKind, Database, Durability, Error, Options};
+
+fn options(keep_history: bool) -> Options {
+    Options { durability: Durability::Sync, background_threads: false, keep_history, ..Options::default() }
+}
+
+fn version(checkpoint: &Path) -> u32 {
+    let bytes = std::fs::read(checkpoint).unwrap();
+    u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+}
+
+fn get_at(db: &Database, ts: u64, table: &str, key: &[u8]) -> Option<Vec<u8>> {
+    db.begin_read_at(ts).unwrap().get(table, key).unwrap()
+}
+
+fn has_table(db: &Database, ts: u64, table: &str) -> bool {
+    db.begin_read_at(ts).unwrap().tables().iter().any(|t| t == table)
+}
+
+#[test]
+fn a_store_without_history_writes_version_1_and_one_with_history_version_2() {
+    for (keep, expected) in [(false, 1), (true, 2)] {
+        let t = TestDir::new();
+        let db = Database::open(t.path(), options(keep)).unwrap();
+        put(&db, "t", b"a", b"1");
+        put(&db, "t", b"a", b"2");
+        let info = db.checkpoint().unwrap();
+        assert_eq!(version(&info.path), expected, "keep_history {keep}");
+        db.close().unwrap();
+    }
+}
+
+/// A generated fixture of today's format: a checkpoint written without history (version 1,
+/// the layout every earlier build wrote) and log after it. Opened with history kept, history
+/// starts at the checkpoint and the log after it is history.
+#[test]
+fn a_version_1_checkpoint_opens_with_history_from_its_timestamp() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(false)).unwrap();
+    put(&db, "t", b"a", b"1");
+    let ckpt = db.checkpoint().unwrap();
+    let after = put(&db, "t", b"a", b"2");
+    let last = put(&db, "t", b"b", b"3");
+    db.close().unwrap();
+    assert_eq!(version(&ckpt.path), 1);
+
+    let db = Database::open(t.path(), options(true)).unwrap();
+    assert_eq!(db.history_floor(), Some(ckpt.ts));
+    assert_eq!(get_at(&db, ckpt.ts, "t", b"a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get_at(&db, after, "t", b"a").as_deref(), Some(&b"2"[..]));
+    assert_eq!(get_at(&db, after, "t", b"b"), None);
+    assert_eq!(get_at(&db, last, "t", b"b").as_deref(), Some(&b"3"[..]));
+    let changes = db.changes_since(ckpt.ts, 100).unwrap();
+    assert_eq!(changes.iter().map(|c| c.ts).collect::<Vec<_>>(), vec![after, last]);
+    assert!(matches!(db.begin_read_at(ckpt.ts - 1), Err(Error::Compacted { .. })));
+    db.close().unwrap();
+}
+
+/// A version 2 checkpoint opened without history: the history records are read (and checked)
+/// and dropped; the state is the newest one.
+#[test]
+fn a_version_2_checkpoint_opens_without_history() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    put(&db, "t", b"a", b"1");
+    put(&db, "t", b"a", b"2");
+    db.checkpoint().unwrap();
+    db.close().unwrap();
+    let db = Database::open(t.path(), options(false)).unwrap();
+    assert_eq!(db.history_floor(), None);
+    assert_eq!(common::get(&db, "t", b"a").as_deref(), Some(&b"2"[..]));
+    db.close().unwrap();
+}
+
+/// A checkpoint of a newer format is not damage: the open is refused with the version, and the
+/// file stays where it is (setting it aside would open an older state).
+#[test]
+fn a_newer_checkpoint_version_refuses_the_open() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    put(&db, "t", b"a", b"1");
+    let path = db.checkpoint().unwrap().path;
+    db.close().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..60]);
+    bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    for keep in [true, false] {
+        match Database::open(t.path(), options(keep)) {
+            Err(Error::UnsupportedVersion { found: 3, .. }) => {}
+            other => panic!("keep_history {keep}: expected UnsupportedVersion, got {:?}", other.map(|_| ())),
+        }
+    }
+    assert!(path.exists(), "the checkpoint was set aside");
+    assert!(files(&t.path(), "checkpoint-").iter().all(|p| !p.to_string_lossy().ends_with(".corrupt")));
+}
+
+/// A table dropped after the floor cannot be stated by version 2's records: that checkpoint is
+/// written without history, and the reopened store's history starts at it (less history,
+/// never a wrong one). Dropped after the checkpoint, the WAL replay records it.
+#[test]
+fn a_dropped_table_after_the_floor_restarts_history_at_the_checkpoint() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    let first = put(&db, "gone", b"a", b"1");
+    put(&db, "kept", b"a", b"1");
+    let mut tx = db.begin_write().unwrap();
+    tx.drop_table("gone").unwrap();
+    tx.commit().unwrap();
+    let ckpt = db.checkpoint().unwrap();
+    assert_eq!(version(&ckpt.path), 1, "written without history");
+    let later = put(&db, "kept", b"a", b"2");
+    let mut tx = db.begin_write().unwrap();
+    tx.drop_table("kept").unwrap();
+    let dropped = tx.commit().unwrap().ts;
+    db.close().unwrap();
+
+    let db = Database::open(t.path(), options(true)).unwrap();
+    assert_eq!(db.history_floor(), Some(ckpt.ts));
+    assert!(first < ckpt.ts);
+    assert_eq!(get_at(&db, ckpt.ts, "kept", b"a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get_at(&db, later, "kept", b"a").as_deref(), Some(&b"2"[..]));
+    assert!(!has_table(&db, dropped, "kept"), "the table is gone at {dropped}");
+    assert!(has_table(&db, later, "kept"));
+    let kinds: Vec<_> = db.changes_since(ckpt.ts, 100).unwrap().into_iter().map(|c| (c.ts, c.kind)).collect();
+    assert_eq!(kinds, vec![(later, ChangeKind::Put(b"2".to_vec())), (dropped, ChangeKind::DropTable)]);
+    db.close().unwrap();
+}
+
+/// History kept across reopens on a real file system: a second checkpoint, written from a
+/// history that was itself rebuilt, keeps the versions and the tables' creation of the first.
+#[test]
+fn history_survives_two_checkpoints_and_reopens() {
+    let t = TestDir::new();
+    let mut db = Database::open(t.path(), options(true)).unwrap();
+    let mut stamps = Vec::new();
+    for i in 0..30u32 {
+        stamps.push((put(&db, &format!("t{}", i % 3), b"k", &i.to_le_bytes()), i));
+        if i % 10 == 9 {
+            db.checkpoint().unwrap();
+            db.close().unwrap();
+            db = Database::open(t.path(), options(true)).unwrap();
+            assert_eq!(db.history_floor(), Some(0));
+            for &(ts, i) in &stamps {
+                let table = format!("t{}", i % 3);
+                assert_eq!(get_at(&db, ts, &table, b"k"), Some(i.to_le_bytes().to_vec()), "{table} at {ts}");
+                // A table created after the floor is absent before its creation.
+                if i < 3 {
+                    assert!(!has_table(&db, ts - 1, &table) && has_table(&db, ts, &table), "{table} at {ts}");
+                }
+            }
+        }
+    }
+    db.close().unwrap();
+}
