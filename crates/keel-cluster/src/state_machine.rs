@@ -301,18 +301,60 @@ fn read_i64(txn: &ReadTxn, key: &[u8]) -> io::Result<i64> {
     Ok(read_meta::<i64>(txn, key)?.unwrap_or(0))
 }
 
-/// Reads revision, compaction, applied id and membership as of `txn`; history begins there.
-fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
+/// Reads revision, compaction, applied id and membership as of `txn` (the newest state), and
+/// which engine commit each revision the engine's history still holds is at: the engine keeps
+/// history across a restart, so every revision above the compaction that this member served
+/// before is readable again. The compaction is applied as the apply path applies it: history
+/// below the revision before it is freed (the floor a reopened engine restores may be older).
+fn progress_of(db: &Database, txn: &ReadTxn) -> io::Result<Progress> {
     let revision = read_i64(txn, REV_KEY)?.max(1);
-    let mut revs = VecDeque::new();
-    revs.push_back((revision, txn.snapshot_ts()));
+    let compact_revision = read_i64(txn, COMPACT_KEY)?;
+    let mut revs = match db.history_floor() {
+        Some(floor) => revisions_since(db, floor, txn.snapshot_ts())?,
+        None => VecDeque::new(),
+    };
+    if revs.back().is_none_or(|&(rev, _)| rev != revision) {
+        // No history (or none past a just-installed checkpoint): it begins at `txn`.
+        revs = VecDeque::from([(revision, txn.snapshot_ts())]);
+    }
+    let keep_from = revs.partition_point(|r| r.0 < compact_revision).saturating_sub(1);
+    revs.drain(..keep_from);
+    if let (Some(&(_, ts)), Some(floor)) = (revs.front(), db.history_floor()) {
+        if ts > floor {
+            db.retain_history_since(ts).map_err(io_err)?;
+        }
+    }
     Ok(Progress {
         revision,
-        compact_revision: read_i64(txn, COMPACT_KEY)?,
+        compact_revision,
         revs,
         applied: read_meta(txn, APPLIED_KEY)?,
         membership: read_meta(txn, MEMBERSHIP_KEY)?.unwrap_or_default(),
     })
+}
+
+/// (revision, engine timestamp) of every revision from the history floor to `until`: the
+/// revision the floor reads at, then each commit that wrote `meta/rev` (the apply path writes
+/// it in the commit of every entry that takes a revision), from the engine's change feed.
+fn revisions_since(db: &Database, floor: u64, until: u64) -> io::Result<VecDeque<(i64, u64)>> {
+    let at_floor = db.begin_read_at(floor).map_err(io_err)?;
+    let mut revs = VecDeque::from([(read_i64(&at_floor, REV_KEY)?.max(1), floor)]);
+    drop(at_floor);
+    let mut after = floor;
+    while after < until {
+        let page = db.changes_since(after, 4096).map_err(io_err)?;
+        let Some(last) = page.last().map(|c| c.ts) else { break };
+        after = last;
+        for c in page.into_iter().filter(|c| c.ts <= until && &*c.table == META && c.key == REV_KEY) {
+            if let keeldb::ChangeKind::Put(v) = c.kind {
+                let rev: i64 = bincode::deserialize(&v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                if revs.back().is_none_or(|&(r, _)| r < rev) {
+                    revs.push_back((rev, c.ts));
+                }
+            }
+        }
+    }
+    Ok(revs)
 }
 
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
@@ -379,7 +421,7 @@ impl StateMachine {
             Options { keep_history: true, fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
         let db = Database::open(dir.join("store"), options).map_err(io_err)?;
         let txn = db.begin_read().map_err(io_err)?;
-        let progress = progress_of(&txn)?;
+        let progress = progress_of(&db, &txn)?;
         let auth = AuthState::load(&txn).map_err(io_err)?;
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
@@ -627,7 +669,7 @@ impl StateMachine {
         let _applying = self.shared.applying.write();
         self.shared.db.install_checkpoint_with(&mut file.checkpoint_reader(), opts).map_err(io_err)?;
         let txn = self.shared.db.begin_read().map_err(io_err)?;
-        let progress = progress_of(&txn)?;
+        let progress = progress_of(&self.shared.db, &txn)?;
         if progress.applied != meta.last_log_id {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
         }
