@@ -164,3 +164,41 @@ fn history_survives_two_checkpoints_and_reopens() {
     }
     db.close().unwrap();
 }
+
+/// Damage in a version 2 checkpoint's history records is damage to the checkpoint: it is set
+/// aside and the older checkpoint, with its own (older) floor, and the log after it give the
+/// history back, whole.
+#[test]
+fn damaged_history_records_fall_back_to_the_older_checkpoint() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    let mut stamps = Vec::new();
+    for i in 0..40u32 {
+        stamps.push((put(&db, "t", format!("k{}", i % 5).as_bytes(), &i.to_le_bytes()), i));
+        match i {
+            10 => assert_eq!(version(&db.checkpoint().unwrap().path), 2),
+            20 => assert_eq!(db.retain_history_since(stamps[15].0).unwrap(), stamps[15].0),
+            30 => assert_eq!(version(&db.checkpoint().unwrap().path), 2),
+            _ => {}
+        }
+    }
+    db.close().unwrap();
+    let newest = files(&t.path(), "checkpoint-").into_iter().next_back().unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let at = bytes.len() - 64 - 12; // inside the last block: the history's last change
+    bytes[at] ^= 0x10;
+    std::fs::write(&newest, &bytes).unwrap();
+
+    let db = Database::open(t.path(), options(true)).unwrap();
+    assert_eq!(db.history_floor(), Some(0), "the older checkpoint's floor");
+    assert!(files(&t.path(), "checkpoint-").iter().any(|p| p.to_string_lossy().ends_with(".corrupt")));
+    let mut latest = std::collections::BTreeMap::new();
+    for &(ts, i) in &stamps {
+        latest.insert(format!("k{}", i % 5), i);
+        for (key, &v) in &latest {
+            assert_eq!(get_at(&db, ts, "t", key.as_bytes()), Some(v.to_le_bytes().to_vec()), "{key} at {ts}");
+        }
+    }
+    assert_eq!(db.changes_since(0, 1000).unwrap().len(), 40);
+    db.close().unwrap();
+}
