@@ -309,19 +309,20 @@ fn read_i64(txn: &ReadTxn, key: &[u8]) -> io::Result<i64> {
 fn progress_of(db: &Database, txn: &ReadTxn) -> io::Result<Progress> {
     let revision = read_i64(txn, REV_KEY)?.max(1);
     let compact_revision = read_i64(txn, COMPACT_KEY)?;
-    let mut revs = match db.history_floor() {
-        Some(floor) => revisions_since(db, floor, txn.snapshot_ts())?,
-        None => VecDeque::new(),
-    };
-    if revs.back().is_none_or(|&(rev, _)| rev != revision) {
-        // No history (or none past a just-installed checkpoint): it begins at `txn`.
-        revs = VecDeque::from([(revision, txn.snapshot_ts())]);
-    }
+    // History that cannot be mapped back to revisions (none kept, or a feed that does not end
+    // at the current revision) is not worth refusing the open for: it then begins at `txn`, as
+    // after a snapshot install.
+    let mut revs = db
+        .history_floor()
+        .and_then(|floor| revisions_since(db, floor, txn.snapshot_ts()).ok())
+        .filter(|revs| revs.back().is_some_and(|&(rev, _)| rev == revision))
+        .unwrap_or_else(|| VecDeque::from([(revision, txn.snapshot_ts())]));
     let keep_from = revs.partition_point(|r| r.0 < compact_revision).saturating_sub(1);
     revs.drain(..keep_from);
     if let (Some(&(_, ts)), Some(floor)) = (revs.front(), db.history_floor()) {
         if ts > floor {
-            db.retain_history_since(ts).map_err(io_err)?;
+            // Frees history below the compacted revision, as the apply path does.
+            let _ = db.retain_history_since(ts);
         }
     }
     Ok(Progress {
