@@ -341,11 +341,16 @@ fn revisions_since(db: &Database, floor: u64, until: u64) -> io::Result<VecDeque
     let at_floor = db.begin_read_at(floor).map_err(io_err)?;
     let mut revs = VecDeque::from([(read_i64(&at_floor, REV_KEY)?.max(1), floor)]);
     drop(at_floor);
-    let mut after = floor;
+    let (mut after, mut max) = (floor, 4096);
     while after < until {
-        let page = db.changes_since(after, 4096).map_err(io_err)?;
-        let Some(last) = page.last().map(|c| c.ts) else { break };
-        after = last;
+        let page = db.changes_since(after, max).map_err(io_err)?;
+        let (Some(first), Some(last)) = (page.first().map(|c| c.ts), page.last().map(|c| c.ts)) else { break };
+        if page.len() >= max && first == last {
+            // One commit alone fills the page, which may hold only part of it: read it whole.
+            max = max.saturating_mul(2);
+            continue;
+        }
+        (after, max) = (last, 4096);
         for c in page.into_iter().filter(|c| c.ts <= until && &*c.table == META && c.key == REV_KEY) {
             if let keeldb::ChangeKind::Put(v) = c.kind {
                 let rev: i64 = bincode::deserialize(&v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

@@ -59,10 +59,9 @@ pub(crate) fn plan<'a>(view: &'a Published, snap: u64, tables: &[Arc<Table>]) ->
             continue;
         }
         let mut plan = HistoryPlan { view, floor, changes: Vec::new() };
-        let Ok(mut changes) = view.history.since(floor, usize::MAX) else {
+        let Some(changes) = changes_through(view, floor, snap) else {
             continue; // trimmed past `floor` meanwhile: the plan's drop releases the pin
         };
-        changes.retain(|c| c.ts <= snap);
         let live = |c: &Change| tables.iter().any(|t| t.name == c.table && t.created_ts <= c.ts);
         if changes.iter().any(|c| c.kind == ChangeKind::DropTable || !live(c)) {
             return None;
@@ -71,6 +70,31 @@ pub(crate) fn plan<'a>(view: &'a Published, snap: u64, tables: &[Arc<Table>]) ->
         return Some(plan);
     }
     None
+}
+
+/// Changes a page read at a time: the feed's lock is held for one page, never for a copy of
+/// the whole feed, so publication is not held up behind a large history.
+const FEED_PAGE: usize = 4096;
+
+/// The feed's changes in `floor + 1 ..= snap`, or `None` if it was trimmed past `floor`
+/// while they were read (the floor rose).
+fn changes_through(view: &Published, floor: u64, snap: u64) -> Option<Vec<Change>> {
+    let mut out: Vec<Change> = Vec::new();
+    let mut after = floor;
+    let mut max = FEED_PAGE;
+    while after < snap {
+        let page = view.history.since(after, max).ok()?;
+        let (Some(first), Some(last)) = (page.first().map(|c| c.ts), page.last().map(|c| c.ts)) else { break };
+        if page.len() >= max && first == last {
+            // One commit alone fills the page, which may hold only part of it: read it whole.
+            max = max.saturating_mul(2);
+            continue;
+        }
+        out.extend(page.into_iter().filter(|c| c.ts <= snap));
+        after = last;
+        max = FEED_PAGE;
+    }
+    Some(out)
 }
 
 impl HistoryPlan<'_> {

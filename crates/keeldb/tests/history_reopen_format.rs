@@ -202,3 +202,31 @@ fn damaged_history_records_fall_back_to_the_older_checkpoint() {
     assert_eq!(db.changes_since(0, 1000).unwrap().len(), 40);
     db.close().unwrap();
 }
+
+/// A commit larger than a page of the change feed is written whole into the checkpoint's
+/// history (the feed pages whole commits, except one that alone fills a page).
+#[test]
+fn a_commit_larger_than_a_feed_page_keeps_every_change() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    let before = put(&db, "t", b"k", b"0");
+    let mut tx = db.begin_write().unwrap();
+    for i in 0..10_000u32 {
+        tx.put("t", &i.to_be_bytes(), b"v").unwrap();
+    }
+    let big = tx.commit().unwrap().ts;
+    let after = put(&db, "t", b"k", b"1");
+    let feed_before = db.changes_since(0, 100_000).unwrap();
+    assert_eq!(feed_before.len(), 10_002);
+    db.checkpoint().unwrap();
+    db.close().unwrap();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    let feed_after = db.changes_since(0, 100_000).unwrap();
+    assert_eq!(feed_after.len(), feed_before.len());
+    assert!(feed_after == feed_before, "the feed differs after the reopen");
+    assert_eq!(get_at(&db, before, "t", &9_999u32.to_be_bytes()), None);
+    assert_eq!(get_at(&db, big, "t", &9_999u32.to_be_bytes()).as_deref(), Some(&b"v"[..]));
+    assert_eq!(get_at(&db, big, "t", b"k").as_deref(), Some(&b"0"[..]));
+    assert_eq!(get_at(&db, after, "t", b"k").as_deref(), Some(&b"1"[..]));
+    db.close().unwrap();
+}
