@@ -962,6 +962,49 @@ mod tests {
         assert_eq!(read_checkpoint(&plain, &mut Discard).expect("valid").history_floor, None);
     }
 
+    /// A version 1 checkpoint laid out by hand from format.md (not by the encoder): one table
+    /// `t` (id 1) holding `a = 1` at ts 7. Every build before history was persisted wrote this
+    /// layout; this build must read it and, without history, write it byte for byte.
+    #[test]
+    fn a_hand_made_version_1_checkpoint_reads_and_is_what_the_encoder_writes() {
+        let mut header = Vec::new();
+        header.extend_from_slice(b"KEELCKP\0");
+        header.put_u32(1); // version
+        header.put_u32(2); // next table id
+        header.put_u64(7); // timestamp
+        header.resize(60, 0); // no applied position, reserved
+        let crc = crc32c::crc32c(&header);
+        header.put_u32(crc);
+        let mut block = Vec::new();
+        block.extend_from_slice(&[1, 1, 0, 0, 0, 1, 0, 0, 0, b't']); // table 1 "t"
+        block.extend_from_slice(&[2, 1, 0, 0, 0, 1, 0, 0, 0, b'a', 1, 0, 0, 0, b'1']); // entry a = 1
+        let mut digest = StateDigest::default();
+        digest.add("t", b"a", b"1");
+        let mut footer = Vec::new();
+        footer.extend_from_slice(b"KEELCKPF");
+        for n in [7u64, 1, 1, 1] {
+            footer.put_u64(n); // timestamp, tables, entries, blocks
+        }
+        footer.extend_from_slice(&digest.0.to_le_bytes());
+        footer.resize(60, 0);
+        let crc = crc32c::crc32c(&footer);
+        footer.put_u32(crc);
+        let mut file = header;
+        file.put_u32(block.len() as u32);
+        file.put_u32(crc32c::crc32c(&block));
+        file.extend_from_slice(&block);
+        file.extend_from_slice(&footer);
+
+        let summary = read_checkpoint(&file, &mut Discard).expect("a version 1 checkpoint reads");
+        assert_eq!((summary.ts, summary.entries, summary.history_floor), (7, 1, None));
+        let mut out = Vec::new();
+        let mut enc = CheckpointEncoder::new(&mut out, 7, 2, None).expect("header");
+        enc.table(1, &Arc::from("t")).expect("table");
+        enc.entry(1, b"a", b"1").expect("entry");
+        enc.finish().expect("finish");
+        assert_eq!(out, file, "without history the encoder writes version 1 byte for byte");
+    }
+
     #[test]
     fn history_records_that_break_the_rules_are_refused() {
         type Write = fn(&mut CheckpointEncoder<&mut Vec<u8>>);
