@@ -666,12 +666,24 @@ const REPLAY_BATCH: usize = 16;
 
 /// Reads a store directory into memory without changing any file.
 pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Analysis> {
-    analyze_keeping(fs, dir, scan, false)
+    analyze_keeping(fs, dir, scan, HistoryMode::Drop)
 }
 
-/// [`analyze`]; with `keep_history`, the history the checkpoint holds is rebuilt and the WAL's
-/// replay records its own (see `history_persist.rs`).
-pub(crate) fn analyze_keeping(fs: &dyn FileSystem, dir: &Path, scan: Scan, keep_history: bool) -> Result<Analysis> {
+/// What [`analyze_keeping`] does with the history a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HistoryMode {
+    /// Verified by the reader and dropped (open without `keep_history`).
+    Drop,
+    /// Rebuilt, so that records which do not lead back to the checkpoint's state are reported,
+    /// then dropped: the log replays without history (`keel verify`).
+    Check,
+    /// Rebuilt, and the log's replay records its own (open with `keep_history`).
+    Keep,
+}
+
+/// [`analyze`], with the checkpoint's history handled as `history` says (see
+/// `history_persist.rs`).
+pub(crate) fn analyze_keeping(fs: &dyn FileSystem, dir: &Path, scan: Scan, history: HistoryMode) -> Result<Analysis> {
     let started = Instant::now();
     let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
     if names.iter().any(|n| n == crate::files::INSTALL_MARKER) {
@@ -684,12 +696,15 @@ pub(crate) fn analyze_keeping(fs: &dyn FileSystem, dir: &Path, scan: Scan, keep_
     let mut report = RecoveryReport::default();
     let (mut state, ckpt_ts, checkpoints, corrupt_checkpoints) = load_checkpoint(fs, dir, &names, &mut report)?;
     state.defer_order();
-    match (keep_history, state.checkpoint_floor) {
-        (false, _) => state.history_records = Default::default(),
-        (true, None) => state.keep_history_from(ckpt_ts),
-        (true, Some(floor)) => {
+    match (history, state.checkpoint_floor) {
+        (HistoryMode::Drop, _) | (HistoryMode::Check, None) => state.history_records = Default::default(),
+        (HistoryMode::Keep, None) => state.keep_history_from(ckpt_ts),
+        (HistoryMode::Keep | HistoryMode::Check, Some(floor)) => {
             let path = report.checkpoint.as_ref().map_or_else(|| dir.to_owned(), |(p, _)| p.clone());
             state.rebuild_history(floor).map_err(|why| Error::corruption(path, 0, why))?;
+            if history == HistoryMode::Check {
+                state.history = None;
+            }
         }
     }
 
@@ -964,7 +979,8 @@ pub(crate) fn recover(
     // state; one that never reached its marker left only temporary files (removed below).
     crate::install::finish_pending(fs, dir)?;
     start_newest_segment_writeback(fs.as_ref(), dir);
-    let mut a = analyze_keeping(fs.as_ref(), dir, Scan::AfterCheckpoint, keep_history)?;
+    let history = if keep_history { HistoryMode::Keep } else { HistoryMode::Drop };
+    let mut a = analyze_keeping(fs.as_ref(), dir, Scan::AfterCheckpoint, history)?;
     if let Some(mark) = a.mark_digest {
         if a.tear.is_none() && mark != a.state.digest.0 {
             let path = a.segments.last().map_or_else(|| dir.to_owned(), |s| s.path.clone());

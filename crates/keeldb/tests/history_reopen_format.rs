@@ -230,3 +230,30 @@ fn a_commit_larger_than_a_feed_page_keeps_every_change() {
     assert_eq!(get_at(&db, after, "t", b"k").as_deref(), Some(&b"1"[..]));
     db.close().unwrap();
 }
+
+/// History records that pass every CRC but do not lead back to the checkpoint's state (here
+/// the last change's value, its block's CRC recomputed) are never served as history: an open
+/// keeping history is refused as corruption, `keel verify` reports it, and an open without
+/// history reads the checkpoint's state as ever.
+#[test]
+fn history_that_does_not_lead_back_to_the_state_refuses_an_open_that_keeps_history() {
+    let t = TestDir::new();
+    let db = Database::open(t.path(), options(true)).unwrap();
+    put(&db, "t", b"a", b"1");
+    put(&db, "t", b"a", b"2");
+    let path = db.checkpoint().unwrap().path;
+    db.close().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let len = u32::from_le_bytes(bytes[64..68].try_into().unwrap()) as usize;
+    assert_eq!(64 + 8 + len + 64, bytes.len(), "one block");
+    bytes[64 + 8 + len - 1] ^= 0x01; // the last change's value: "2" becomes "3"
+    let crc = crc32c::crc32c(&bytes[72..72 + len]);
+    bytes[68..72].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+
+    assert!(!keeldb::verify(t.path()).unwrap().problems.is_empty(), "verify reports it");
+    assert!(matches!(Database::open(t.path(), options(true)), Err(Error::Corruption { .. })));
+    let db = Database::open(t.path(), options(false)).unwrap();
+    assert_eq!(common::get(&db, "t", b"a").as_deref(), Some(&b"2"[..]));
+    db.close().unwrap();
+}
