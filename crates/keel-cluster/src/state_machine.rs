@@ -301,18 +301,66 @@ fn read_i64(txn: &ReadTxn, key: &[u8]) -> io::Result<i64> {
     Ok(read_meta::<i64>(txn, key)?.unwrap_or(0))
 }
 
-/// Reads revision, compaction, applied id and membership as of `txn`; history begins there.
-fn progress_of(txn: &ReadTxn) -> io::Result<Progress> {
+/// Reads revision, compaction, applied id and membership as of `txn` (the newest state), and
+/// which engine commit each revision the engine's history still holds is at: the engine keeps
+/// history across a restart, so every revision above the compaction that this member served
+/// before is readable again. The compaction is applied as the apply path applies it: history
+/// below the revision before it is freed (the floor a reopened engine restores may be older).
+fn progress_of(db: &Database, txn: &ReadTxn) -> io::Result<Progress> {
     let revision = read_i64(txn, REV_KEY)?.max(1);
-    let mut revs = VecDeque::new();
-    revs.push_back((revision, txn.snapshot_ts()));
+    let compact_revision = read_i64(txn, COMPACT_KEY)?;
+    // History that cannot be mapped back to revisions (none kept, or a feed that does not end
+    // at the current revision) is not worth refusing the open for: it then begins at `txn`, as
+    // after a snapshot install.
+    let mut revs = db
+        .history_floor()
+        .and_then(|floor| revisions_since(db, floor, txn.snapshot_ts()).ok())
+        .filter(|revs| revs.back().is_some_and(|&(rev, _)| rev == revision))
+        .unwrap_or_else(|| VecDeque::from([(revision, txn.snapshot_ts())]));
+    let keep_from = revs.partition_point(|r| r.0 < compact_revision).saturating_sub(1);
+    revs.drain(..keep_from);
+    if let (Some(&(_, ts)), Some(floor)) = (revs.front(), db.history_floor()) {
+        if ts > floor {
+            // Frees history below the compacted revision, as the apply path does.
+            let _ = db.retain_history_since(ts);
+        }
+    }
     Ok(Progress {
         revision,
-        compact_revision: read_i64(txn, COMPACT_KEY)?,
+        compact_revision,
         revs,
         applied: read_meta(txn, APPLIED_KEY)?,
         membership: read_meta(txn, MEMBERSHIP_KEY)?.unwrap_or_default(),
     })
+}
+
+/// (revision, engine timestamp) of every revision from the history floor to `until`: the
+/// revision the floor reads at, then each commit that wrote `meta/rev` (the apply path writes
+/// it in the commit of every entry that takes a revision), from the engine's change feed.
+fn revisions_since(db: &Database, floor: u64, until: u64) -> io::Result<VecDeque<(i64, u64)>> {
+    let at_floor = db.begin_read_at(floor).map_err(io_err)?;
+    let mut revs = VecDeque::from([(read_i64(&at_floor, REV_KEY)?.max(1), floor)]);
+    drop(at_floor);
+    let (mut after, mut max) = (floor, 4096);
+    while after < until {
+        let page = db.changes_since(after, max).map_err(io_err)?;
+        let (Some(first), Some(last)) = (page.first().map(|c| c.ts), page.last().map(|c| c.ts)) else { break };
+        if page.len() >= max && first == last {
+            // One commit alone fills the page, which may hold only part of it: read it whole.
+            max = max.saturating_mul(2);
+            continue;
+        }
+        (after, max) = (last, 4096);
+        for c in page.into_iter().filter(|c| c.ts <= until && &*c.table == META && c.key == REV_KEY) {
+            if let keeldb::ChangeKind::Put(v) = c.kind {
+                let rev: i64 = bincode::deserialize(&v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                if revs.back().is_none_or(|&(r, _)| r < rev) {
+                    revs.push_back((rev, c.ts));
+                }
+            }
+        }
+    }
+    Ok(revs)
 }
 
 /// Makes `dir` (the `sm` directory of a new cluster's member) hold the keys and revision of
@@ -379,7 +427,7 @@ impl StateMachine {
             Options { keep_history: true, fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
         let db = Database::open(dir.join("store"), options).map_err(io_err)?;
         let txn = db.begin_read().map_err(io_err)?;
-        let progress = progress_of(&txn)?;
+        let progress = progress_of(&db, &txn)?;
         let auth = AuthState::load(&txn).map_err(io_err)?;
         drop(txn);
         let applied = progress.applied.map_or(0, |a| a.index);
@@ -627,7 +675,7 @@ impl StateMachine {
         let _applying = self.shared.applying.write();
         self.shared.db.install_checkpoint_with(&mut file.checkpoint_reader(), opts).map_err(io_err)?;
         let txn = self.shared.db.begin_read().map_err(io_err)?;
-        let progress = progress_of(&txn)?;
+        let progress = progress_of(&self.shared.db, &txn)?;
         if progress.applied != meta.last_log_id {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data and metadata disagree"));
         }

@@ -30,6 +30,16 @@ const BLOCK_MAX_BYTES: usize = BLOCK_TARGET_BYTES + MAX_KEY_BYTES + MAX_VALUE_BY
 
 const REC_TABLE: u8 = 1;
 const REC_ENTRY: u8 = 2;
+/// History records (version 2 only, after every table and entry record; see format.md).
+const REC_CREATED: u8 = 3;
+const REC_BASE: u8 = 4;
+const REC_CHANGE: u8 = 5;
+
+/// The checkpoint version without history: what a store that keeps none writes, and what every
+/// checkpoint stream is.
+pub(crate) const VERSION_STATE: u32 = 1;
+/// The checkpoint version that also holds the history after a floor (header bytes 44..52).
+pub(crate) const VERSION_HISTORY: u32 = 2;
 
 pub(crate) use crate::files::{checkpoint_name, parse_checkpoint_name};
 
@@ -50,16 +60,21 @@ pub(crate) struct CheckpointEncoder<W: std::io::Write> {
 
 /// Header bytes 24..44 (reserved before): the applied log position, if any. Flag 1 at 40 says
 /// it is present; a checkpoint written before the field existed has zeros there.
-fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>) -> Vec<u8> {
+/// With a history floor the header is version 2 and bytes 44..52 hold the floor; without one
+/// it is byte for byte the version 1 header.
+fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>, floor: Option<u64>) -> Vec<u8> {
     let mut header = Vec::with_capacity(HEADER_BYTES);
     header.extend_from_slice(HEADER_MAGIC);
-    header.put_u32(crate::FORMAT_VERSION);
+    header.put_u32(if floor.is_some() { VERSION_HISTORY } else { VERSION_STATE });
     header.put_u32(next_table_id);
     header.put_u64(ts);
     let pos = applied.unwrap_or_default();
     header.put_u64(pos.index);
     header.put_u64(pos.term);
     header.put_u32(u32::from(applied.is_some()));
+    if let Some(floor) = floor {
+        header.put_u64(floor);
+    }
     header.resize(60, 0);
     let crc = crc32c::crc32c(&header);
     header.put_u32(crc);
@@ -68,8 +83,20 @@ fn encode_header(next_table_id: u32, ts: u64, applied: Option<LogPosition>) -> V
 
 impl<W: std::io::Write> CheckpointEncoder<W> {
     /// Writes the header, which carries the replicated-log position applied at `ts`.
-    pub fn new(mut out: W, ts: u64, next_table_id: u32, applied: Option<LogPosition>) -> std::io::Result<Self> {
-        out.write_all(&encode_header(next_table_id, ts, applied))?;
+    pub fn new(out: W, ts: u64, next_table_id: u32, applied: Option<LogPosition>) -> std::io::Result<Self> {
+        Self::with_floor(out, ts, next_table_id, applied, None)
+    }
+
+    /// [`CheckpointEncoder::new`]; with a history floor, a version 2 checkpoint whose history
+    /// records follow the entries.
+    pub fn with_floor(
+        mut out: W,
+        ts: u64,
+        next_table_id: u32,
+        applied: Option<LogPosition>,
+        floor: Option<u64>,
+    ) -> std::io::Result<Self> {
+        out.write_all(&encode_header(next_table_id, ts, applied, floor))?;
         Ok(CheckpointEncoder {
             out,
             ts,
@@ -102,6 +129,33 @@ impl<W: std::io::Write> CheckpointEncoder<W> {
         if let Some(name) = &self.current_table {
             self.digest.add(name, key, value);
         }
+        self.maybe_flush()
+    }
+
+    /// History: a table created after the floor, at `created_ts`.
+    pub fn created(&mut self, table_id: u32, created_ts: u64) -> std::io::Result<()> {
+        self.block.put_u8(REC_CREATED);
+        self.block.put_u32(table_id);
+        self.block.put_u64(created_ts);
+        self.maybe_flush()
+    }
+
+    /// History: a key's value at the floor (`None`: absent), for a key changed after it.
+    pub fn base(&mut self, table_id: u32, key: &[u8], value: Option<&[u8]>) -> std::io::Result<()> {
+        self.block.put_u8(REC_BASE);
+        self.block.put_u32(table_id);
+        self.block.put_bytes32(key);
+        put_optional(&mut self.block, value);
+        self.maybe_flush()
+    }
+
+    /// History: one change after the floor, in the change feed's order.
+    pub fn change(&mut self, ts: u64, table_id: u32, key: &[u8], value: Option<&[u8]>) -> std::io::Result<()> {
+        self.block.put_u8(REC_CHANGE);
+        self.block.put_u64(ts);
+        self.block.put_u32(table_id);
+        self.block.put_bytes32(key);
+        put_optional(&mut self.block, value);
         self.maybe_flush()
     }
 
@@ -157,6 +211,14 @@ impl<W: std::io::Write> CheckpointEncoder<W> {
     }
 }
 
+/// `present:u8 (0 or 1) [value:bytes]`.
+fn put_optional(block: &mut Vec<u8>, value: Option<&[u8]>) {
+    block.put_u8(u8::from(value.is_some()));
+    if let Some(v) = value {
+        block.put_bytes32(v);
+    }
+}
+
 /// A file as an `io::Write` sink: positional writes from offset 0 through the seam.
 pub(crate) struct FileOut {
     file: Arc<dyn FileHandle>,
@@ -194,12 +256,25 @@ impl CheckpointWriter {
         next_table_id: u32,
         applied: Option<LogPosition>,
     ) -> Result<Self> {
+        Self::create_with_floor(fs, dir, ts, next_table_id, applied, None)
+    }
+
+    /// [`CheckpointWriter::create`] for a checkpoint that also holds the history after
+    /// `floor` (version 2), when it is `Some`.
+    pub fn create_with_floor(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        ts: u64,
+        next_table_id: u32,
+        applied: Option<LogPosition>,
+        floor: Option<u64>,
+    ) -> Result<Self> {
         let tmp = dir.join(crate::files::tmp_name(&checkpoint_name(ts)));
         if fs.exists(&tmp).map_err(|e| Error::io(&tmp, e))? {
             fs.remove_file(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
         let file = fs.open(&tmp, OpenMode::CreateNew).map_err(|e| Error::io(&tmp, e))?;
-        let enc = CheckpointEncoder::new(FileOut { file, offset: 0 }, ts, next_table_id, applied)
+        let enc = CheckpointEncoder::with_floor(FileOut { file, offset: 0 }, ts, next_table_id, applied, floor)
             .map_err(|e| Error::io(&tmp, e))?;
         Ok(CheckpointWriter { fs, dir: dir.to_owned(), tmp, ts, enc })
     }
@@ -216,6 +291,11 @@ impl CheckpointWriter {
     /// The digest of everything written so far.
     pub fn digest(&self) -> StateDigest {
         self.enc.digest()
+    }
+
+    /// The encoder, for the history records (after every entry).
+    pub fn history(&mut self) -> (&mut CheckpointEncoder<FileOut>, &Path) {
+        (&mut self.enc, &self.tmp)
     }
 
     /// Writes the footer and fsyncs the temporary file, without renaming it. Returns the
@@ -244,6 +324,19 @@ impl CheckpointWriter {
 pub(crate) trait CheckpointSink {
     fn table(&mut self, id: u32, name: &str);
     fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]);
+    /// A history record of a version 2 checkpoint (after every table and entry).
+    fn history(&mut self, _record: &HistoryRecord<'_>) {}
+}
+
+/// A history record (format.md, "History"), as decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HistoryRecord<'a> {
+    /// A table created after the floor, at `ts`.
+    Created { table: u32, ts: u64 },
+    /// A key's value at the floor (`None`: absent).
+    Base { table: u32, key: &'a [u8], value: Option<&'a [u8]> },
+    /// A change after the floor (`None`: a deletion).
+    Change { ts: u64, table: u32, key: &'a [u8], value: Option<&'a [u8]> },
 }
 
 /// A sink that keeps nothing: for a pass that only verifies.
@@ -263,6 +356,9 @@ pub(crate) struct CheckpointSummary {
     pub digest: StateDigest,
     /// The replicated-log position applied at `ts`, if the header records one.
     pub applied: Option<LogPosition>,
+    /// The history floor of a version 2 checkpoint: its history records hold every change
+    /// after it.
+    pub history_floor: Option<u64>,
 }
 
 /// A checkpoint header that passed its checks.
@@ -271,6 +367,19 @@ pub(crate) struct Header {
     pub ts: u64,
     pub next_table_id: u32,
     pub applied: Option<LogPosition>,
+    /// Version 2: the history floor (at or below `ts`).
+    pub history_floor: Option<u64>,
+}
+
+/// The version of a checkpoint header whose magic and CRC are intact but whose version this
+/// build does not read (a newer one): open refuses the store rather than set the file aside.
+pub(crate) fn unsupported_version(header: &[u8]) -> Option<u32> {
+    let header = header.get(..HEADER_BYTES)?;
+    if header.get(..8) != Some(&HEADER_MAGIC[..]) || crc32c::crc32c(header.get(..60)?) != le_u32(header, 60)? {
+        return None;
+    }
+    let version = le_u32(header, 8)?;
+    (version > VERSION_HISTORY).then_some(version)
 }
 
 /// Checks a checkpoint header (magic, CRC, version, position flag). Errors carry offset and
@@ -285,7 +394,7 @@ pub(crate) fn decode_header(header: &[u8]) -> std::result::Result<Header, (u64, 
         return fail(0, "checkpoint header checksum mismatch");
     }
     let version = le_u32(header, 8).unwrap_or(0);
-    if version != crate::FORMAT_VERSION {
+    if version != VERSION_STATE && version != VERSION_HISTORY {
         return fail(8, &format!("unsupported checkpoint format version {version}"));
     }
     let applied = match le_u32(header, 40).unwrap_or(0) {
@@ -293,7 +402,12 @@ pub(crate) fn decode_header(header: &[u8]) -> std::result::Result<Header, (u64, 
         1 => Some(LogPosition { index: le_u64(header, 24).unwrap_or(0), term: le_u64(header, 32).unwrap_or(0) }),
         _ => return fail(40, "bad applied-position flag in checkpoint header"),
     };
-    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts: le_u64(header, 16).unwrap_or(0), applied })
+    let ts = le_u64(header, 16).unwrap_or(0);
+    let history_floor = (version == VERSION_HISTORY).then(|| le_u64(header, 44).unwrap_or(0));
+    if history_floor.is_some_and(|floor| floor > ts) {
+        return fail(44, "history floor above the checkpoint timestamp");
+    }
+    Ok(Header { next_table_id: le_u32(header, 12).unwrap_or(0), ts, applied, history_floor })
 }
 
 /// [`decode_header`] for a checkpoint file in a store's directory, which also refuses a
@@ -357,6 +471,16 @@ pub(crate) fn decode_footer(footer: &[u8], ts: u64, at: u64) -> std::result::Res
 enum Record<'a> {
     Table { id: u32, name: &'a str },
     Entry { table: u32, key: &'a [u8], value: &'a [u8] },
+    History(HistoryRecord<'a>),
+}
+
+/// `present:u8 [value:bytes]`; a flag other than 0 or 1 is damage.
+fn read_optional<'a>(r: &mut Reader<'a>) -> std::result::Result<Option<&'a [u8]>, crate::codec::DecodeError> {
+    match r.u8("value flag")? {
+        0 => Ok(None),
+        1 => r.bytes32(MAX_VALUE_BYTES, "value").map(Some),
+        _ => Err(crate::codec::DecodeError { offset: 0, what: "value flag" }),
+    }
 }
 
 /// Decodes the records of one block (at offset `pos`, used in errors) into `f`, checking only
@@ -381,6 +505,24 @@ fn decode_records<'a>(
                 let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
                 let value = r.bytes32(MAX_VALUE_BYTES, "value").map_err(bad)?;
                 f(Record::Entry { table, key, value })?;
+            }
+            REC_CREATED => {
+                let table = r.u32("table id").map_err(bad)?;
+                let ts = r.u64("creation timestamp").map_err(bad)?;
+                f(Record::History(HistoryRecord::Created { table, ts }))?;
+            }
+            REC_BASE => {
+                let table = r.u32("table id").map_err(bad)?;
+                let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
+                let value = read_optional(&mut r).map_err(bad)?;
+                f(Record::History(HistoryRecord::Base { table, key, value }))?;
+            }
+            REC_CHANGE => {
+                let ts = r.u64("change timestamp").map_err(bad)?;
+                let table = r.u32("table id").map_err(bad)?;
+                let key = r.bytes32(MAX_KEY_BYTES, "key").map_err(bad)?;
+                let value = read_optional(&mut r).map_err(bad)?;
+                f(Record::History(HistoryRecord::Change { ts, table, key, value }))?;
             }
             _ => return Err((pos, "unknown record tag".to_owned())),
         }
@@ -420,9 +562,54 @@ pub(crate) struct BlockDecoder {
     blocks: u64,
     tables: u64,
     entries: u64,
+    /// `(floor, checkpoint ts)` of a version 2 checkpoint: history records are allowed, with
+    /// timestamps in `floor + 1 ..= ts`. `None` (every stream, every version 1 file): refused.
+    history: Option<(u64, u64)>,
+    /// The last record kind seen, in the order records must come: tables and entries, then
+    /// creations, then bases, then changes.
+    stage: u8,
+    /// The timestamp of the last change record (changes come in commit order).
+    last_change_ts: u64,
 }
 
 impl BlockDecoder {
+    /// A decoder for the blocks of a checkpoint with this header: history records are
+    /// accepted only after a version 2 header.
+    pub fn for_header(header: &Header) -> BlockDecoder {
+        BlockDecoder { history: header.history_floor.map(|floor| (floor, header.ts)), ..BlockDecoder::default() }
+    }
+
+    /// Checks a history record against the header and the records before it.
+    fn check_history(&mut self, record: &HistoryRecord<'_>) -> std::result::Result<(), &'static str> {
+        let Some((floor, ts)) = self.history else {
+            return Err("history record in a checkpoint without history");
+        };
+        let (stage, table) = match *record {
+            HistoryRecord::Created { table, ts: at } => {
+                if at <= floor || at > ts {
+                    return Err("table creation outside the checkpoint's history");
+                }
+                (REC_CREATED, table)
+            }
+            HistoryRecord::Base { table, .. } => (REC_BASE, table),
+            HistoryRecord::Change { table, ts: at, .. } => {
+                if at <= floor || at > ts || at < self.last_change_ts {
+                    return Err("change timestamp out of order or outside the checkpoint's history");
+                }
+                self.last_change_ts = at;
+                (REC_CHANGE, table)
+            }
+        };
+        if stage < self.stage {
+            return Err("history records out of order");
+        }
+        self.stage = stage;
+        if !self.names.contains_key(&table) {
+            return Err("history record for an unknown table");
+        }
+        Ok(())
+    }
+
     /// Checks one block's CRC, then decodes its records into `sink`. `pos` is the block's
     /// offset, used in errors.
     pub fn block(
@@ -438,6 +625,9 @@ impl BlockDecoder {
         }
         decode_records(pos, block, |record| {
             match record {
+                Record::Table { .. } | Record::Entry { .. } if self.stage > REC_ENTRY => {
+                    return fail("state record after history records");
+                }
                 Record::Table { id, name } => {
                     if name.is_empty() || self.names.insert(id, name.to_owned()).is_some() {
                         return fail("duplicate or empty table record");
@@ -452,6 +642,10 @@ impl BlockDecoder {
                     self.digest.add(name, key, value);
                     sink.entry(table, key, value);
                     self.entries += 1;
+                }
+                Record::History(h) => {
+                    self.check_history(&h).or_else(fail)?;
+                    sink.history(&h);
                 }
             }
             Ok(())
@@ -484,6 +678,7 @@ pub(crate) fn decode_block_unverified(
         match record {
             Record::Table { id, name } => sink.table(id, name),
             Record::Entry { table, key, value } => sink.entry(table, key, value),
+            Record::History(h) => sink.history(&h),
         }
         Ok(())
     })
@@ -647,6 +842,7 @@ impl BlockDecoder {
             entries: self.entries,
             digest,
             applied: header.applied,
+            history_floor: header.history_floor,
         })
     }
 }
@@ -662,7 +858,7 @@ pub(crate) fn read_checkpoint_file(
         Ok(w) => w,
         Err(e) => return Ok(Err(e)),
     };
-    let mut decoder = BlockDecoder::default();
+    let mut decoder = BlockDecoder::for_header(&windows.header);
     let mut buf = Vec::new();
     while let Some(next) = windows.next_into(&mut buf)? {
         let (base, len) = match next {
@@ -688,13 +884,12 @@ pub(crate) fn read_checkpoint(
     if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
         return fail(0, "file shorter than header and footer");
     }
-    let Header { ts, next_table_id, applied } = decode_file_header(bytes)?;
+    let header = decode_file_header(bytes)?;
     let footer_at = bytes.len() - FOOTER_BYTES;
-    let footer = decode_footer(bytes.get(footer_at..).unwrap_or_default(), ts, footer_at as u64)?;
-    let mut decoder = BlockDecoder::default();
+    let footer = decode_footer(bytes.get(footer_at..).unwrap_or_default(), header.ts, footer_at as u64)?;
+    let mut decoder = BlockDecoder::for_header(&header);
     for_each_block(bytes, footer_at, |pos, block, crc| decoder.block(pos, block, crc, sink))?;
-    let digest = decoder.check(&footer, footer_at as u64)?;
-    Ok(CheckpointSummary { ts, next_table_id, entries: decoder.entries, digest, applied })
+    decoder.summary(&header, &footer, footer_at as u64)
 }
 
 #[cfg(test)]
@@ -727,6 +922,159 @@ mod tests {
         w.finish().expect("finish").0
     }
 
+    #[derive(Default)]
+    struct CollectHistory(Vec<String>);
+    impl CheckpointSink for CollectHistory {
+        fn table(&mut self, _: u32, _: &str) {}
+        fn entry(&mut self, _: u32, _: &[u8], _: &[u8]) {}
+        fn history(&mut self, record: &HistoryRecord<'_>) {
+            self.0.push(format!("{record:?}"));
+        }
+    }
+
+    /// A checkpoint at ts 20 of table 1 with `floor`, its history records written by `f`.
+    fn with_history(floor: Option<u64>, f: impl FnOnce(&mut CheckpointEncoder<&mut Vec<u8>>)) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut enc = CheckpointEncoder::with_floor(&mut out, 20, 2, None, floor).expect("header");
+        enc.table(1, &Arc::from("t")).expect("table");
+        enc.entry(1, b"a", b"2").expect("entry");
+        f(&mut enc);
+        enc.finish().expect("finish");
+        out
+    }
+
+    #[test]
+    fn history_records_round_trip_after_a_version_2_header() {
+        let bytes = with_history(Some(10), |enc| {
+            enc.created(1, 11).unwrap();
+            enc.base(1, b"a", None).unwrap();
+            enc.change(11, 1, b"a", Some(b"1")).unwrap();
+            enc.change(12, 1, b"a", Some(b"2")).unwrap();
+        });
+        let mut sink = CollectHistory::default();
+        let summary = read_checkpoint(&bytes, &mut sink).expect("valid");
+        assert_eq!(summary.history_floor, Some(10));
+        assert_eq!(le_u32(&bytes, 8), Some(VERSION_HISTORY));
+        assert_eq!(sink.0.len(), 4);
+        // Without a floor the header is version 1, byte for byte what earlier builds wrote.
+        let plain = with_history(None, |_| {});
+        assert_eq!(le_u32(&plain, 8), Some(VERSION_STATE));
+        assert_eq!(read_checkpoint(&plain, &mut Discard).expect("valid").history_floor, None);
+    }
+
+    /// A version 1 checkpoint laid out by hand from format.md (not by the encoder): one table
+    /// `t` (id 1) holding `a = 1` at ts 7. Every build before history was persisted wrote this
+    /// layout; this build must read it and, without history, write it byte for byte.
+    #[test]
+    fn a_hand_made_version_1_checkpoint_reads_and_is_what_the_encoder_writes() {
+        let mut header = Vec::new();
+        header.extend_from_slice(b"KEELCKP\0");
+        header.put_u32(1); // version
+        header.put_u32(2); // next table id
+        header.put_u64(7); // timestamp
+        header.resize(60, 0); // no applied position, reserved
+        let crc = crc32c::crc32c(&header);
+        header.put_u32(crc);
+        let mut block = Vec::new();
+        block.extend_from_slice(&[1, 1, 0, 0, 0, 1, 0, 0, 0, b't']); // table 1 "t"
+        block.extend_from_slice(&[2, 1, 0, 0, 0, 1, 0, 0, 0, b'a', 1, 0, 0, 0, b'1']); // entry a = 1
+        let mut digest = StateDigest::default();
+        digest.add("t", b"a", b"1");
+        let mut footer = Vec::new();
+        footer.extend_from_slice(b"KEELCKPF");
+        for n in [7u64, 1, 1, 1] {
+            footer.put_u64(n); // timestamp, tables, entries, blocks
+        }
+        footer.extend_from_slice(&digest.0.to_le_bytes());
+        footer.resize(60, 0);
+        let crc = crc32c::crc32c(&footer);
+        footer.put_u32(crc);
+        let mut file = header;
+        file.put_u32(block.len() as u32);
+        file.put_u32(crc32c::crc32c(&block));
+        file.extend_from_slice(&block);
+        file.extend_from_slice(&footer);
+
+        let summary = read_checkpoint(&file, &mut Discard).expect("a version 1 checkpoint reads");
+        assert_eq!((summary.ts, summary.entries, summary.history_floor), (7, 1, None));
+        let mut out = Vec::new();
+        let mut enc = CheckpointEncoder::new(&mut out, 7, 2, None).expect("header");
+        enc.table(1, &Arc::from("t")).expect("table");
+        enc.entry(1, b"a", b"1").expect("entry");
+        enc.finish().expect("finish");
+        assert_eq!(out, file, "without history the encoder writes version 1 byte for byte");
+    }
+
+    #[test]
+    fn history_records_that_break_the_rules_are_refused() {
+        type Write = fn(&mut CheckpointEncoder<&mut Vec<u8>>);
+        let cases: [(Option<u64>, Write, &str); 7] = [
+            (None, |e| e.change(12, 1, b"a", None).unwrap(), "without history"),
+            (Some(10), |e| e.change(10, 1, b"a", None).unwrap(), "outside"),
+            (Some(10), |e| e.change(21, 1, b"a", None).unwrap(), "outside"),
+            (
+                Some(10),
+                |e| {
+                    e.change(13, 1, b"a", None).unwrap();
+                    e.change(12, 1, b"a", None).unwrap();
+                },
+                "out of order",
+            ),
+            (
+                Some(10),
+                |e| {
+                    e.change(12, 1, b"a", None).unwrap();
+                    e.base(1, b"a", None).unwrap();
+                },
+                "out of order",
+            ),
+            (Some(10), |e| e.base(7, b"a", None).unwrap(), "unknown table"),
+            (
+                Some(10),
+                |e| {
+                    e.base(1, b"a", None).unwrap();
+                    e.entry(1, b"b", b"1").unwrap();
+                },
+                "after history",
+            ),
+        ];
+        for (floor, write, why) in cases {
+            let bytes = with_history(floor, write);
+            match read_checkpoint(&bytes, &mut Discard) {
+                Err((_, reason)) => assert!(reason.contains(why), "{why}: {reason}"),
+                Ok(_) => panic!("accepted: {why}"),
+            }
+        }
+        // A floor above the checkpoint's timestamp is a bad header.
+        let bytes = with_history(Some(21), |_| {});
+        assert!(read_checkpoint(&bytes, &mut Discard).is_err());
+        // A stream reader (no header context) refuses history records.
+        let mut decoder = BlockDecoder::default();
+        let mut block = Vec::new();
+        block.put_u8(REC_TABLE);
+        block.put_u32(1);
+        block.put_bytes32(b"t");
+        block.put_u8(REC_BASE);
+        block.put_u32(1);
+        block.put_bytes32(b"a");
+        block.put_u8(0);
+        let crc = crc32c::crc32c(&block);
+        assert!(decoder.block(64, &block, crc, &mut Discard).is_err());
+    }
+
+    #[test]
+    fn only_a_newer_version_with_an_intact_header_is_unsupported() {
+        for (version, newer) in [(1, false), (2, false), (3, true), (u32::MAX, true)] {
+            let mut header = encode_header(2, 7, None, None);
+            header[8..12].copy_from_slice(&u32::to_le_bytes(version));
+            let crc = crc32c::crc32c(&header[..60]);
+            header[60..64].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(unsupported_version(&header), newer.then_some(version), "version {version}");
+            header[20] ^= 1; // a damaged header is damage, whatever its version says
+            assert_eq!(unsupported_version(&header), None);
+        }
+    }
+
     #[test]
     fn applied_position_round_trips_in_the_header() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -744,7 +1092,7 @@ mod tests {
     #[test]
     fn a_timestamp_above_the_largest_is_refused() {
         for (ts, ok) in [(crate::index::MAX_TS, true), (crate::index::MAX_TS + 1, false), (u64::MAX, false)] {
-            let mut header = encode_header(2, ts, None);
+            let mut header = encode_header(2, ts, None, None);
             let crc = crc32c::crc32c(&header[..60]);
             header[60..64].copy_from_slice(&crc.to_le_bytes());
             match decode_file_header(&header) {

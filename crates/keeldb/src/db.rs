@@ -283,16 +283,18 @@ impl Database {
         if !check_identity(fs.as_ref(), &dir)? {
             create_store(&fs, &dir)?;
         }
-        let rec = recovery::recover(&fs, &dir, options.wal_segment_bytes.max(4096))?;
+        let rec = recovery::recover(&fs, &dir, options.wal_segment_bytes.max(4096), options.keep_history)?;
         let (fs_for_acct, dir_for_acct) = (Arc::clone(&fs), dir.clone());
+        let mut state = rec.state;
+        let history = state.history.take();
         let start = Start {
             last_ts: rec.last_ts,
             wal: rec.wal,
-            catalog: rec.state.catalog,
-            digest: rec.state.digest,
-            live_tables: rec.state.live,
-            next_table_id: rec.state.next_table_id,
-            applied: rec.state.applied,
+            catalog: state.catalog,
+            digest: state.digest,
+            live_tables: state.live,
+            next_table_id: state.next_table_id,
+            applied: state.applied,
         };
         let committer = Committer::new(dir.clone(), Arc::clone(&fs), &options, start);
         let inner = Arc::new(Inner {
@@ -309,10 +311,13 @@ impl Database {
             dir_lock: Mutex::new(Some(lock)),
             options,
         });
-        if inner.options.keep_history {
-            let floor = inner.committer.start_history();
-            // Cannot fail: nothing is registered yet and the floor is the visible timestamp.
-            let _ = inner.published().registry.set_floor(floor, &inner.published().visible_ts);
+        if let Some(replayed) = history.filter(|_| inner.options.keep_history) {
+            // Recovery rebuilt the versions at or above the floor and the changes after it
+            // (history_persist.rs): the feed and the floor continue from them.
+            let view = inner.published();
+            view.history.start(replayed.floor);
+            view.history.record(replayed.changes.into_iter());
+            view.registry.restore_floor(replayed.floor);
         }
         if inner.options.background_threads {
             let weak = Arc::downgrade(&inner);

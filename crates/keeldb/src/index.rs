@@ -869,6 +869,26 @@ impl TableData {
         }
     }
 
+    /// Makes `value` (`None`: absence) the key's only version, at timestamp 0, dropping every
+    /// version it had. For recovery alone: it rewinds a key a checkpoint holds at its newest
+    /// state to its value at the history floor, before the changes after the floor are
+    /// applied again. Keeps the digest and the live counts in step.
+    pub fn reset(&mut self, table: &str, key: &[u8], value: Option<&[u8]>, digest: &mut StateDigest) {
+        if let Some(n) = self.slot_of(key) {
+            if let Some(old) = self.slots.get(n).and_then(|s| s.value) {
+                let old = self.values.get(old);
+                digest.remove(table, key, old);
+                self.live_keys -= 1;
+                self.live_bytes -= (key.len() + old.len()) as u64;
+            }
+            self.remove(key);
+        }
+        if value.is_some() {
+            let hash = self.hash(key);
+            self.apply_value(table, key, hash, value, 0, 0, digest, true);
+        }
+    }
+
     /// Prunes the collector's candidates against `horizon`; removes keys whose only visible
     /// state is a tombstone nobody can see past. Returns how many candidates were processed.
     pub fn collect(&mut self, horizon: u64, budget: usize) -> usize {

@@ -38,6 +38,7 @@ pub mod fs;
 pub mod fuzz_api;
 pub mod graph;
 mod history;
+mod history_persist;
 mod huge;
 mod index;
 mod install;

@@ -51,7 +51,12 @@ impl Inner {
             ts
         };
         let next_id = tables.iter().map(|t| t.id + 1).max().unwrap_or(1);
-        let mut writer = CheckpointWriter::create(Arc::clone(&self.fs), &self.path, snap, next_id, applied)?;
+        // With history kept, the checkpoint also holds the history after the floor, so that
+        // a reopened store reads what this one reads (history_persist.rs).
+        let history = crate::history_persist::plan(view, snap, &tables);
+        let floor = history.as_ref().map(|h| h.floor);
+        let mut writer =
+            CheckpointWriter::create_with_floor(Arc::clone(&self.fs), &self.path, snap, next_id, applied, floor)?;
         let mut entries = 0u64;
         for t in &tables {
             writer.table(t.id, &t.name)?;
@@ -74,7 +79,11 @@ impl Inner {
                 ),
             ));
         }
+        if let Some(history) = &history {
+            history.write(&mut writer, &tables)?;
+        }
         let (path, bytes) = writer.finish()?;
+        drop(history);
         drop(release);
         self.committer.counters.wal_bytes_since_checkpoint.store(0, Ordering::Relaxed);
         retained.push((snap, path.clone()));

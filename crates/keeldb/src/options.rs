@@ -143,7 +143,9 @@ pub struct Options {
     /// [`Database::begin_read_at`](crate::Database::begin_read_at) and every change is in
     /// [`Database::changes_since`](crate::Database::changes_since) until
     /// [`Database::retain_history_since`](crate::Database::retain_history_since) compacts it.
-    /// History lives in memory and starts at the state recovered by open.
+    /// History lives in memory; a checkpoint also writes it (format version 2) and open
+    /// rebuilds it, so a reopened store has the history it had, from the floor the newest
+    /// checkpoint recorded (see `docs/design/recovery.md`, "History across a restart").
     pub keep_history: bool,
     /// Test instrumentation, not a stable API: called by `checkpoint` between choosing the
     /// snapshot it writes and making the WAL durable through it (so a test can commit there).

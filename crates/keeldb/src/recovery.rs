@@ -151,6 +151,13 @@ pub(crate) struct StateBuilder {
     pub applied: Option<crate::types::LogPosition>,
     /// Between [`StateBuilder::defer_order`] and [`StateBuilder::finish_order`].
     deferring: bool,
+    /// The loaded checkpoint's history floor (a version 2 checkpoint).
+    pub checkpoint_floor: Option<u64>,
+    /// Its history records, until [`StateBuilder::rebuild_history`] uses them.
+    pub history_records: crate::history_persist::HistoryRecords,
+    /// History kept through recovery (`Options::keep_history`): the floor, and the change feed
+    /// rebuilt and replayed so far. `None`: the log is replayed without history.
+    pub history: Option<crate::history_persist::Replayed>,
 }
 
 impl CheckpointSink for StateBuilder {
@@ -164,6 +171,9 @@ impl CheckpointSink for StateBuilder {
         if let Some(t) = self.catalog.by_id(table_id) {
             t.data.write().apply(&t.name, key, Some(value), 0, 0, &mut self.digest);
         }
+    }
+    fn history(&mut self, record: &crate::checkpoint::HistoryRecord<'_>) {
+        self.history_records.push(record);
     }
 }
 
@@ -185,8 +195,14 @@ impl StateBuilder {
         }
     }
 
+    /// The horizon a write at `ts` prunes to: the history floor when history is kept.
+    fn horizon(&self, ts: u64) -> u64 {
+        self.history.as_ref().map_or(ts, |h| h.floor)
+    }
+
     /// Applies one logged operation at `ts`. Errors describe a structurally impossible log.
     pub fn apply(&mut self, op: &Op<'_>, ts: u64) -> std::result::Result<(), &'static str> {
+        let horizon = self.horizon(ts);
         match *op {
             Op::CreateTable { table, name } => {
                 if self.live.contains_key(name) || self.catalog.by_id(table).is_some() {
@@ -208,15 +224,24 @@ impl StateBuilder {
                 self.digest = digest;
                 self.live.remove(&t.name);
                 t.dropped_ts.store(ts, std::sync::atomic::Ordering::Release);
-                self.catalog.collect(ts);
+                if let Some(h) = &mut self.history {
+                    h.drop_table(ts, &t.name);
+                }
+                self.catalog.collect(horizon);
             }
             Op::Put { table, key, value } => {
                 let t = self.catalog.by_id(table).ok_or("writes to an unknown table")?;
-                t.data.write().apply(&t.name, key, Some(value), ts, ts, &mut self.digest);
+                t.data.write().apply(&t.name, key, Some(value), ts, horizon, &mut self.digest);
+                if let Some(h) = &mut self.history {
+                    h.write(ts, &t.name, key, Some(value));
+                }
             }
             Op::Delete { table, key } => {
                 let t = self.catalog.by_id(table).ok_or("deletes from an unknown table")?;
-                t.data.write().apply(&t.name, key, None, ts, ts, &mut self.digest);
+                t.data.write().apply(&t.name, key, None, ts, horizon, &mut self.digest);
+                if let Some(h) = &mut self.history {
+                    h.write(ts, &t.name, key, None);
+                }
             }
         }
         Ok(())
@@ -259,6 +284,7 @@ impl StateBuilder {
     /// The digest is a sum, so adding entries earlier changes nothing. Nothing else can hold
     /// the lock during recovery.
     pub fn apply_all(&mut self, ops: &[Op<'_>], ts: u64) -> std::result::Result<(), &'static str> {
+        let horizon = self.horizon(ts);
         let mut i = 0;
         while let Some(op) = ops.get(i) {
             let (Op::Put { table, .. } | Op::Delete { table, .. }) = *op else {
@@ -290,10 +316,15 @@ impl StateBuilder {
             let mut data = t.data.write();
             if run.len() >= crate::index::RUN_SORT_MIN {
                 let writes: Vec<(&[u8], Option<&[u8]>)> = run.iter().filter_map(write).collect();
-                data.apply_run(&t.name, &writes, ts, ts, &mut self.digest, false);
+                data.apply_run(&t.name, &writes, ts, horizon, &mut self.digest, false);
             } else {
                 for (key, value) in run.iter().filter_map(write) {
-                    data.apply_with(&t.name, key, value, ts, ts, &mut self.digest, false);
+                    data.apply_with(&t.name, key, value, ts, horizon, &mut self.digest, false);
+                }
+            }
+            if let Some(h) = &mut self.history {
+                for (key, value) in run.iter().filter_map(write) {
+                    h.write(ts, &t.name, key, value);
                 }
             }
             i += run.len();
@@ -325,6 +356,9 @@ impl CheckpointSink for BulkLoad {
         self.state.table(id, name);
         let entries = self.single_table_entries.unwrap_or(0);
         self.loads.insert(id, SortedLoad::with_capacity(entries));
+    }
+    fn history(&mut self, record: &crate::checkpoint::HistoryRecord<'_>) {
+        self.state.history(record);
     }
     fn entry(&mut self, table_id: u32, key: &[u8], value: &[u8]) {
         if self.failed {
@@ -380,7 +414,7 @@ fn load_checkpoint_file(
     let (to_verifier, verifier_in) = mpsc::sync_channel::<(u64, usize, Arc<Vec<u8>>)>(WINDOWS_IN_FLIGHT);
     let (back, returned) = mpsc::channel::<Arc<Vec<u8>>>();
     let verify = move || {
-        let mut decoder = BlockDecoder::default();
+        let mut decoder = BlockDecoder::for_header(&header);
         let mut verdict = Ok(());
         for (base, len, bytes) in verifier_in {
             if verdict.is_ok() {
@@ -510,12 +544,14 @@ fn load_checkpoint(
             continue;
         }
         let file = fs.open(&path, OpenMode::Read).map_err(|e| Error::io(&path, e))?;
+        refuse_newer_version(file.as_ref(), &path)?;
         let mut state = StateBuilder::default();
         let loaded = load_checkpoint_file(file.as_ref(), READ_WINDOW, &mut state).map_err(|e| Error::io(&path, e))?;
         match loaded {
             Ok(summary) if summary.ts == ts => {
                 state.next_table_id = state.next_table_id.max(summary.next_table_id);
                 state.applied = summary.applied;
+                state.checkpoint_floor = summary.history_floor;
                 report.checkpoint = Some((path.clone(), ts));
                 valid.push((ts, path));
                 chosen = Some((state, ts));
@@ -533,6 +569,24 @@ fn load_checkpoint(
     valid.sort_by_key(|(ts, _)| *ts);
     let (state, ts) = chosen.unwrap_or_default();
     Ok((state, ts, valid, corrupt))
+}
+
+/// A checkpoint of a newer format than this build reads is not damage to set aside (that
+/// would throw its state away and open an older one): the open is refused.
+fn refuse_newer_version(file: &dyn crate::fs::FileHandle, path: &Path) -> Result<()> {
+    let mut header = [0u8; crate::checkpoint::HEADER_BYTES];
+    if file.len().map_err(|e| Error::io(path, e))? < header.len() as u64 {
+        return Ok(()); // too short to be anything but damage: the reader reports it
+    }
+    crate::fs::read_exact_at(file, &mut header, 0).map_err(|e| Error::io(path, e))?;
+    match crate::checkpoint::unsupported_version(&header) {
+        Some(found) => Err(Error::UnsupportedVersion {
+            path: path.to_owned(),
+            found,
+            supported: crate::checkpoint::VERSION_HISTORY,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// How much of the WAL [`analyze`] reads.
@@ -612,6 +666,24 @@ const REPLAY_BATCH: usize = 16;
 
 /// Reads a store directory into memory without changing any file.
 pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Analysis> {
+    analyze_keeping(fs, dir, scan, HistoryMode::Drop)
+}
+
+/// What [`analyze_keeping`] does with the history a checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HistoryMode {
+    /// Verified by the reader and dropped (open without `keep_history`).
+    Drop,
+    /// Rebuilt, so that records which do not lead back to the checkpoint's state are reported,
+    /// then dropped: the log replays without history (`keel verify`).
+    Check,
+    /// Rebuilt, and the log's replay records its own (open with `keep_history`).
+    Keep,
+}
+
+/// [`analyze`], with the checkpoint's history handled as `history` says (see
+/// `history_persist.rs`).
+pub(crate) fn analyze_keeping(fs: &dyn FileSystem, dir: &Path, scan: Scan, history: HistoryMode) -> Result<Analysis> {
     let started = Instant::now();
     let names = fs.list_dir(dir).map_err(|e| Error::io(dir, e))?;
     if names.iter().any(|n| n == crate::files::INSTALL_MARKER) {
@@ -624,6 +696,17 @@ pub(crate) fn analyze(fs: &dyn FileSystem, dir: &Path, scan: Scan) -> Result<Ana
     let mut report = RecoveryReport::default();
     let (mut state, ckpt_ts, checkpoints, corrupt_checkpoints) = load_checkpoint(fs, dir, &names, &mut report)?;
     state.defer_order();
+    match (history, state.checkpoint_floor) {
+        (HistoryMode::Drop, _) | (HistoryMode::Check, None) => state.history_records = Default::default(),
+        (HistoryMode::Keep, None) => state.keep_history_from(ckpt_ts),
+        (HistoryMode::Keep | HistoryMode::Check, Some(floor)) => {
+            let path = report.checkpoint.as_ref().map_or_else(|| dir.to_owned(), |(p, _)| p.clone());
+            state.rebuild_history(floor).map_err(|why| Error::corruption(path, 0, why))?;
+            if history == HistoryMode::Check {
+                state.history = None;
+            }
+        }
+    }
 
     let segment_names = list_sorted(&names, parse_segment_name);
     let mut segments: Vec<SegmentInfo> = Vec::new();
@@ -885,13 +968,19 @@ pub(crate) struct Recovered {
 
 /// Recovers a store: analyses it, checks the clean-close digest, truncates a torn tail, sets
 /// aside corrupt checkpoints, starts a new WAL segment and logs the report.
-pub(crate) fn recover(fs: &Arc<dyn FileSystem>, dir: &Path, segment_bytes_max: u64) -> Result<Recovered> {
+pub(crate) fn recover(
+    fs: &Arc<dyn FileSystem>,
+    dir: &Path,
+    segment_bytes_max: u64,
+    keep_history: bool,
+) -> Result<Recovered> {
     let started = Instant::now();
     // An install whose marker is durable is finished first, so the analysis sees only the new
     // state; one that never reached its marker left only temporary files (removed below).
     crate::install::finish_pending(fs, dir)?;
     start_newest_segment_writeback(fs.as_ref(), dir);
-    let mut a = analyze(fs.as_ref(), dir, Scan::AfterCheckpoint)?;
+    let history = if keep_history { HistoryMode::Keep } else { HistoryMode::Drop };
+    let mut a = analyze_keeping(fs.as_ref(), dir, Scan::AfterCheckpoint, history)?;
     if let Some(mark) = a.mark_digest {
         if a.tear.is_none() && mark != a.state.digest.0 {
             let path = a.segments.last().map_or_else(|| dir.to_owned(), |s| s.path.clone());

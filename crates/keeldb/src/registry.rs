@@ -113,6 +113,12 @@ impl Registry {
         Ok(ts)
     }
 
+    /// Sets the history floor recovery rebuilt history from, before anything can register a
+    /// snapshot or read: every version at or above it is in the index.
+    pub fn restore_floor(&self, ts: u64) {
+        self.held.lock().floor = Some(ts);
+    }
+
     /// Stops keeping history beyond live snapshots.
     pub fn clear_floor(&self) {
         self.held.lock().floor = None;

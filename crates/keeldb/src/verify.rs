@@ -8,7 +8,7 @@ use crate::checkpoint::{parse_checkpoint_name, read_checkpoint_file, Discard, RE
 use crate::digest::StateDigest;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, OpenMode, StdFs};
-use crate::recovery::{analyze, RecoveryReport, Scan};
+use crate::recovery::{analyze_keeping, HistoryMode, RecoveryReport, Scan};
 
 /// The outcome of [`verify`].
 #[derive(Debug, Clone, Default)]
@@ -93,7 +93,9 @@ pub(crate) fn verify_with(fs: &dyn FileSystem, dir: &Path) -> Result<VerifyRepor
             Err((off, why)) => report.problems.push(format!("{} at offset {off}: {why}", p.display())),
         }
     }
-    match analyze(fs, dir, Scan::Everything) {
+    // The newest checkpoint's history is rebuilt too: records that pass every CRC but do not
+    // lead back to its state would refuse an open that keeps history.
+    match analyze_keeping(fs, dir, Scan::Everything, HistoryMode::Check) {
         Ok(a) => {
             if let Some((p, off)) = &a.report.torn_tail {
                 if a.report.discarded_frames > 0 {
