@@ -41,6 +41,7 @@ pub(crate) fn node_status(e: NodeError) -> Status {
             Status::unavailable(e.to_string())
         }
         NodeError::Other(m) => Status::unavailable(m),
+        NodeError::Member(e) => e.status(),
     }
 }
 
@@ -151,9 +152,14 @@ impl Api {
     }
 
     fn members(&self) -> Vec<PbMember> {
+        self.members_of(self.node.members())
+    }
+
+    /// `members` (id, member, voter) as etcd lists them, with the names and client URLs the
+    /// members published.
+    fn members_of(&self, members: Vec<(u64, Member, bool)>) -> Vec<PbMember> {
         let published = self.node.sm.published_members();
-        self.node
-            .members()
+        members
             .into_iter()
             .map(|(id, m, voter)| {
                 let attrs = published.get(&id).cloned().unwrap_or(Member { client_urls: Vec::new(), ..m.clone() });
@@ -278,24 +284,28 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberAddResponse>, Status> {
         self.require_root(request.metadata())?;
         let req = request.into_inner();
-        if req.peer_ur_ls.is_empty() {
-            return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
-        }
-        for u in &req.peer_ur_ls {
-            crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        }
+        check_peer_urls(&req.peer_ur_ls)?;
         // etcd names the member later (when it starts); the id comes from its URLs here.
         // etcd's id for an added member: its URLs, the token and the time of the add.
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = crate::config::member_id(&req.peer_ur_ls, &self.node.config.initial_cluster_token, Some(now));
         let member = Member { name: String::new(), peer_urls: req.peer_ur_ls.clone(), client_urls: Vec::new() };
-        self.node
+        let after = self
+            .node
             .admin(AdminRequest::AddMember { id, member, learner: req.is_learner })
             .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        let members = self.members();
-        let added = members.iter().find(|m| m.id == id).cloned();
-        Ok(GrpcResponse::new(PbMemberAddResponse { header: Some(self.header(0)), member: added, members }))
+            .map_err(node_status)?;
+        let members = self.members_of(after);
+        // The leader's list has the member it added; the answer names it in any case (etcdctl
+        // reads it).
+        let added = members.iter().find(|m| m.id == id).cloned().unwrap_or(PbMember {
+            id,
+            name: String::new(),
+            peer_ur_ls: req.peer_ur_ls,
+            client_ur_ls: Vec::new(),
+            is_learner: req.is_learner,
+        });
+        Ok(GrpcResponse::new(PbMemberAddResponse { header: Some(self.header(0)), member: Some(added), members }))
     }
 
     async fn member_remove(
@@ -304,21 +314,23 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberRemoveResponse>, Status> {
         self.require_root(request.metadata())?;
         let id = request.into_inner().id;
-        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
-            return Err(Status::not_found("etcdserver: member not found"));
-        }
-        self.node
-            .admin(AdminRequest::RemoveMember { id })
-            .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        Ok(GrpcResponse::new(PbMemberRemoveResponse { header: Some(self.header(0)), members: self.members() }))
+        let after = self.node.admin(AdminRequest::RemoveMember { id }).await.map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberRemoveResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
 
     async fn member_update(
         &self,
-        _request: GrpcRequest<PbMemberUpdateRequest>,
+        request: GrpcRequest<PbMemberUpdateRequest>,
     ) -> Result<GrpcResponse<PbMemberUpdateResponse>, Status> {
-        Err(Status::unimplemented("keel: MemberUpdate is not supported; remove and add the member instead"))
+        self.require_root(request.metadata())?;
+        let req = request.into_inner();
+        check_peer_urls(&req.peer_ur_ls)?;
+        let after = self
+            .node
+            .admin(AdminRequest::UpdateMember { id: req.id, peer_urls: req.peer_ur_ls })
+            .await
+            .map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberUpdateResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
 
     async fn member_list(
@@ -336,15 +348,20 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberPromoteResponse>, Status> {
         self.require_root(request.metadata())?;
         let id = request.into_inner().id;
-        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
-            return Err(Status::not_found("etcdserver: member not found"));
-        }
-        self.node
-            .admin(AdminRequest::PromoteMember { id })
-            .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        Ok(GrpcResponse::new(PbMemberPromoteResponse { header: Some(self.header(0)), members: self.members() }))
+        let after = self.node.admin(AdminRequest::PromoteMember { id }).await.map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberPromoteResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
+}
+
+/// etcd's checks of the peer URLs of a member add or update.
+fn check_peer_urls(urls: &[String]) -> Result<(), Status> {
+    if urls.is_empty() {
+        return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
+    }
+    for u in urls {
+        crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
