@@ -153,6 +153,8 @@ impl ServeCommand {
             auto_compaction_interval: None,
             watch_progress_notify_interval: self.watch_progress_notify_interval,
             curp_weak_queue_bytes: ServeConfig::default().curp_weak_queue_bytes,
+            // `--strict-reconfig-check` (etcd's default, true) until the flag is wired here.
+            strict_reconfig_check: ServeConfig::default().strict_reconfig_check,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)

@@ -151,8 +151,11 @@ impl Api {
         Ok(resp)
     }
 
+    /// The members as this member has appended them: a configuration entry counts from when
+    /// it is in the log, as an etcd configuration change counts from when it applies (which,
+    /// committed under the previous configuration, it does at once).
     fn members(&self) -> Vec<PbMember> {
-        self.members_of(self.node.members())
+        self.members_of(self.node.appended_members())
     }
 
     /// `members` (id, member, voter) as etcd lists them, with the names and client URLs the
@@ -339,6 +342,10 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberListResponse>, Status> {
         // etcd: any authenticated user while auth is on (requireAuthInfo).
         self.caller(request.metadata())?;
+        // etcdctl 3.6 asks for a linearizable list by default: after a read barrier, as etcd.
+        if request.get_ref().linearizable {
+            self.node.read_barrier().await.map_err(node_status)?;
+        }
         Ok(GrpcResponse::new(PbMemberListResponse { header: Some(self.header(0)), members: self.members() }))
     }
 
@@ -353,13 +360,11 @@ impl PbClusterService for Api {
     }
 }
 
-/// etcd's checks of the peer URLs of a member add or update.
+/// etcd's check of the peer URLs of a member add (made of an update too): at least one, each
+/// `scheme://host:port`.
 fn check_peer_urls(urls: &[String]) -> Result<(), Status> {
-    if urls.is_empty() {
-        return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
-    }
-    for u in urls {
-        crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if urls.is_empty() || urls.iter().any(|u| crate::config::check_url("peerURLs", u).is_err()) {
+        return Err(Status::invalid_argument("etcdserver: given member URLs are invalid"));
     }
     Ok(())
 }

@@ -51,9 +51,11 @@ impl MemberError {
         match self {
             MemberError::NotFound => tonic::Status::not_found(text),
             MemberError::Unhealthy => tonic::Status::unavailable(text),
+            // etcd's table maps this one to its client-side error value, not a status, so
+            // gRPC sends it as Unknown; etcdctl shows the text either way.
+            MemberError::NotEnoughStarted => tonic::Status::unknown(text),
             MemberError::IdExists
             | MemberError::PeerUrlExists
-            | MemberError::NotEnoughStarted
             | MemberError::NotLearner
             | MemberError::LearnerNotReady
             | MemberError::TooManyLearners => tonic::Status::failed_precondition(text),
@@ -180,6 +182,14 @@ mod tests {
 
     fn voter(id: u64, started: bool, connected: bool) -> Voter {
         Voter { id, started, active: connected, connected }
+    }
+
+    #[test]
+    fn errors_carry_etcds_codes() {
+        assert_eq!(MemberError::NotEnoughStarted.status().code(), tonic::Code::Unknown);
+        assert_eq!(MemberError::Unhealthy.status().code(), tonic::Code::Unavailable);
+        assert_eq!(MemberError::NotFound.status().code(), tonic::Code::NotFound);
+        assert_eq!(MemberError::LearnerNotReady.status().code(), tonic::Code::FailedPrecondition);
     }
 
     #[test]
