@@ -7,9 +7,10 @@
 //! answers a voter add at once and can then commit nothing until the new member runs. openraft
 //! makes a configuration effective when it is appended, so an add here is two entries: the
 //! member as a learner (which commits under the old voters), then, for a voter, a single-step
-//! configuration with it as a voter, answered as soon as the leader has appended it. On one
-//! member that second entry commits once the new member has joined and caught up, as in etcd.
-//! Every other change is one single-step entry answered after it applied on the leader.
+//! configuration with it as a voter. On one member that second entry commits only once the new
+//! member has joined and caught up, as in etcd, so it is answered as soon as the leader has
+//! appended it; with two or more voters, once it applied. Every other change is one
+//! single-step entry answered after it applied on the leader.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -125,7 +126,7 @@ impl Node {
         if nodes.values().any(|m| m.peer_urls.iter().any(|u| member.peer_urls.contains(u))) {
             return Err(MemberError::PeerUrlExists.into());
         }
-        if learner && nodes.len() - voters.len() >= reconfig::MAX_LEARNERS {
+        if learner && nodes.len().saturating_sub(voters.len()) >= reconfig::MAX_LEARNERS {
             return Err(MemberError::TooManyLearners.into());
         }
         let m = self.appended();
@@ -136,9 +137,16 @@ impl Node {
             return Ok(self.appended_members());
         }
         let (mut voters, nodes, base) = self.single().await?;
+        // Two or more voters make a quorum of the larger configuration without the new member:
+        // the add is answered once it applied, as etcd answers.
+        if voters.len() >= 2 {
+            voters.insert(id);
+            return self.append_single(voters, nodes, base).await;
+        }
         voters.insert(id);
-        // The voter entry may wait for the new member to commit (one member before the add):
-        // the add is answered once it is appended, and commits in the background.
+        // One voter: the entry commits only once the new member runs and has caught up. The
+        // add is answered once it is appended (etcd's entry is applied by then), and commits
+        // in the background.
         let mut metrics = self.raft.metrics();
         let raft = self.raft.clone();
         let proposal = tokio::spawn(async move {
