@@ -209,27 +209,30 @@ async fn a_member_updated_to_new_peer_urls_restarts_there_and_catches_up() {
     let ip = common::loopback_ip(112);
     let names = ["u1", "u2", "u3"];
     let mut servers = start_cluster(dir.path(), &ip, &names).await;
-    let mut c = client(&client_url(&ip, 0)).await;
+    // The member moved is a follower, so that writes go on while it is down.
+    let leader = common::wait_leader(&servers, 20).await;
+    let at = (0..3).rev().find(|i| servers[*i].as_ref().unwrap().node.id != leader).unwrap();
+    let mut c = client(&client_url(&ip, (0..3).find(|i| *i != at).unwrap())).await;
     c.put("a", "1", None).await.unwrap();
-    let moved = servers[2].as_ref().unwrap().node.id;
+    let moved = servers[at].as_ref().unwrap().node.id;
     let new_peer = peer_url(&ip, 5);
     // Another member's URLs are refused, as in etcd.
     assert_refused(
-        c.member_update(moved, [peer_url(&ip, 1)]).await,
+        c.member_update(moved, [peer_url(&ip, (at + 1) % 3)]).await,
         tonic::Code::FailedPrecondition,
         "etcdserver: Peer URLs already exists",
     );
     let updated = c.member_update(moved, [new_peer.clone()]).await.unwrap();
     assert!(updated.members().iter().any(|m| m.id() == moved && m.peer_urls() == [new_peer.clone()]));
 
-    servers[2].take().unwrap().stop().await;
+    servers[at].take().unwrap().stop().await;
     c.put("while-down", "2", None).await.unwrap();
-    let mut cfg = config(dir.path(), &ip, &names, 2);
+    let mut cfg = config(dir.path(), &ip, &names, at);
     cfg.listen_peer_urls = vec![new_peer.clone()];
     cfg.initial_advertise_peer_urls = vec![new_peer.clone()];
-    cfg.initial_cluster.insert("u3".into(), vec![new_peer.clone()]);
-    servers[2] = Some(common::start_retrying(cfg, 20).await);
-    wait_value(&client_url(&ip, 2), "while-down", b"2").await;
+    cfg.initial_cluster.insert(names[at].into(), vec![new_peer.clone()]);
+    servers[at] = Some(common::start_retrying(cfg, 20).await);
+    wait_value(&client_url(&ip, at), "while-down", b"2").await;
     // Every member lists the new URL.
     for i in 0..3 {
         let list = client(&client_url(&ip, i)).await.member_list().await.unwrap();
