@@ -155,12 +155,7 @@ pub const FLAGS: &[Flag] = &[
     only("discovery-proxy", T, &[""], NO_DISCOVERY),
     only("discovery-srv", T, &[""], NO_DISCOVERY),
     only("discovery-srv-name", T, &[""], NO_DISCOVERY),
-    only(
-        "strict-reconfig-check",
-        B,
-        &["false"],
-        "KeelDB does not refuse member changes that would lose quorum (etcd's --strict-reconfig-check=false)",
-    ),
+    used("strict-reconfig-check", B, "Reject member changes that could lose quorum (default true)"),
     only("pre-vote", B, &["false"], "KeelDB runs Raft without pre-vote"),
     used("auto-compaction-retention", T, "history to keep before automatic compaction (0: off)"),
     used("auto-compaction-mode", T, "periodic (a duration or hours) or revision (a count)"),
@@ -804,7 +799,6 @@ mod tests {
     fn refused_flags_name_themselves() {
         for (args, name) in [
             (&["--quota-backend-bytes=8589934592"][..], "quota-backend-bytes"),
-            (&["--strict-reconfig-check"], "strict-reconfig-check"),
             (&["--auth-token", "jwt,pub-key=a,priv-key=b,sign-method=RS256"], "auth-token"),
             (&["--listen-client-http-urls=http://localhost:1"], "listen-client-http-urls"),
             (&["--force-new-cluster"], "force-new-cluster"),
@@ -819,6 +813,7 @@ mod tests {
         // Values equal to what KeelDB does are accepted, in any of the kind's spellings.
         for args in [
             &["--strict-reconfig-check=false"][..],
+            &["--strict-reconfig-check"],
             &["--experimental-initial-corrupt-check=F"],
             &["--compact-hash-check-time=60s"],
             &["--max-txn-ops=0x80"],

@@ -244,6 +244,8 @@ impl Member {
                 .filter(|d| !d.is_zero())
                 .unwrap_or(defaults.watch_progress_notify_interval),
             curp_weak_queue_bytes: defaults.curp_weak_queue_bytes,
+            // etcd's default is true: only an explicit false turns the check off.
+            strict_reconfig_check: p.get("strict-reconfig-check") != Some("false"),
         };
         Ok(Member {
             config,

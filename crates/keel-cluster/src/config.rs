@@ -220,6 +220,9 @@ pub struct ServeConfig {
     /// Bytes of CURP weak writes (request bodies) this member may hold queued for the leader
     /// over all sessions (`curp::weak`; 64 MiB; no flag).
     pub curp_weak_queue_bytes: usize,
+    /// etcd's `--strict-reconfig-check` (default true): refuse a member add, remove or promote
+    /// that would leave fewer started or connected members than a quorum (`reconfig`).
+    pub strict_reconfig_check: bool,
 }
 
 impl Default for ServeConfig {
@@ -249,6 +252,7 @@ impl Default for ServeConfig {
             auto_compaction_interval: None,
             watch_progress_notify_interval: Duration::from_secs(600),
             curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
+            strict_reconfig_check: true,
             name,
         }
     }

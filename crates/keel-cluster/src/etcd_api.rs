@@ -41,6 +41,7 @@ pub(crate) fn node_status(e: NodeError) -> Status {
             Status::unavailable(e.to_string())
         }
         NodeError::Other(m) => Status::unavailable(m),
+        NodeError::Member(e) => e.status(),
     }
 }
 
@@ -150,10 +151,18 @@ impl Api {
         Ok(resp)
     }
 
+    /// The members as this member has appended them: a configuration entry counts from when
+    /// it is in the log, as an etcd configuration change counts from when it applies (which,
+    /// committed under the previous configuration, it does at once).
     fn members(&self) -> Vec<PbMember> {
+        self.members_of(self.node.appended_members())
+    }
+
+    /// `members` (id, member, voter) as etcd lists them, with the names and client URLs the
+    /// members published.
+    fn members_of(&self, members: Vec<(u64, Member, bool)>) -> Vec<PbMember> {
         let published = self.node.sm.published_members();
-        self.node
-            .members()
+        members
             .into_iter()
             .map(|(id, m, voter)| {
                 let attrs = published.get(&id).cloned().unwrap_or(Member { client_urls: Vec::new(), ..m.clone() });
@@ -278,24 +287,28 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberAddResponse>, Status> {
         self.require_root(request.metadata())?;
         let req = request.into_inner();
-        if req.peer_ur_ls.is_empty() {
-            return Err(Status::invalid_argument("etcdserver: member peer URLs not provided"));
-        }
-        for u in &req.peer_ur_ls {
-            crate::config::check_url("peerURLs", u).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        }
+        check_peer_urls(&req.peer_ur_ls)?;
         // etcd names the member later (when it starts); the id comes from its URLs here.
         // etcd's id for an added member: its URLs, the token and the time of the add.
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = crate::config::member_id(&req.peer_ur_ls, &self.node.config.initial_cluster_token, Some(now));
         let member = Member { name: String::new(), peer_urls: req.peer_ur_ls.clone(), client_urls: Vec::new() };
-        self.node
+        let after = self
+            .node
             .admin(AdminRequest::AddMember { id, member, learner: req.is_learner })
             .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        let members = self.members();
-        let added = members.iter().find(|m| m.id == id).cloned();
-        Ok(GrpcResponse::new(PbMemberAddResponse { header: Some(self.header(0)), member: added, members }))
+            .map_err(node_status)?;
+        let members = self.members_of(after);
+        // The leader's list has the member it added; the answer names it in any case (etcdctl
+        // reads it).
+        let added = members.iter().find(|m| m.id == id).cloned().unwrap_or(PbMember {
+            id,
+            name: String::new(),
+            peer_ur_ls: req.peer_ur_ls,
+            client_ur_ls: Vec::new(),
+            is_learner: req.is_learner,
+        });
+        Ok(GrpcResponse::new(PbMemberAddResponse { header: Some(self.header(0)), member: Some(added), members }))
     }
 
     async fn member_remove(
@@ -304,21 +317,23 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberRemoveResponse>, Status> {
         self.require_root(request.metadata())?;
         let id = request.into_inner().id;
-        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
-            return Err(Status::not_found("etcdserver: member not found"));
-        }
-        self.node
-            .admin(AdminRequest::RemoveMember { id })
-            .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        Ok(GrpcResponse::new(PbMemberRemoveResponse { header: Some(self.header(0)), members: self.members() }))
+        let after = self.node.admin(AdminRequest::RemoveMember { id }).await.map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberRemoveResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
 
     async fn member_update(
         &self,
-        _request: GrpcRequest<PbMemberUpdateRequest>,
+        request: GrpcRequest<PbMemberUpdateRequest>,
     ) -> Result<GrpcResponse<PbMemberUpdateResponse>, Status> {
-        Err(Status::unimplemented("keel: MemberUpdate is not supported; remove and add the member instead"))
+        self.require_root(request.metadata())?;
+        let req = request.into_inner();
+        check_peer_urls(&req.peer_ur_ls)?;
+        let after = self
+            .node
+            .admin(AdminRequest::UpdateMember { id: req.id, peer_urls: req.peer_ur_ls })
+            .await
+            .map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberUpdateResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
 
     async fn member_list(
@@ -327,6 +342,10 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberListResponse>, Status> {
         // etcd: any authenticated user while auth is on (requireAuthInfo).
         self.caller(request.metadata())?;
+        // etcdctl 3.6 asks for a linearizable list by default: after a read barrier, as etcd.
+        if request.get_ref().linearizable {
+            self.node.read_barrier().await.map_err(node_status)?;
+        }
         Ok(GrpcResponse::new(PbMemberListResponse { header: Some(self.header(0)), members: self.members() }))
     }
 
@@ -336,15 +355,18 @@ impl PbClusterService for Api {
     ) -> Result<GrpcResponse<PbMemberPromoteResponse>, Status> {
         self.require_root(request.metadata())?;
         let id = request.into_inner().id;
-        if !self.node.members().iter().any(|(i, _, _)| *i == id) {
-            return Err(Status::not_found("etcdserver: member not found"));
-        }
-        self.node
-            .admin(AdminRequest::PromoteMember { id })
-            .await
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        Ok(GrpcResponse::new(PbMemberPromoteResponse { header: Some(self.header(0)), members: self.members() }))
+        let after = self.node.admin(AdminRequest::PromoteMember { id }).await.map_err(node_status)?;
+        Ok(GrpcResponse::new(PbMemberPromoteResponse { header: Some(self.header(0)), members: self.members_of(after) }))
     }
+}
+
+/// etcd's check of the peer URLs of a member add (made of an update too): at least one, each
+/// `scheme://host:port`.
+fn check_peer_urls(urls: &[String]) -> Result<(), Status> {
+    if urls.is_empty() || urls.iter().any(|u| crate::config::check_url("peerURLs", u).is_err()) {
+        return Err(Status::invalid_argument("etcdserver: given member URLs are invalid"));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]

@@ -407,9 +407,25 @@ pub async fn discover(tls: &PeerTls, url: &str, peer_urls: &[String], timeout: D
 /// Cluster administration that only the leader can carry out.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub enum AdminRequest {
-    AddMember { id: u64, member: Member, learner: bool },
-    RemoveMember { id: u64 },
-    PromoteMember { id: u64 },
+    AddMember {
+        id: u64,
+        member: Member,
+        learner: bool,
+    },
+    RemoveMember {
+        id: u64,
+    },
+    PromoteMember {
+        id: u64,
+    },
+    /// New peer URLs for a member (etcd's `member update`).
+    UpdateMember {
+        id: u64,
+        peer_urls: Vec<String>,
+    },
+    /// The leader's membership, as it has appended it: asked by a member that hears from no
+    /// leader, to learn whether it was removed.
+    Members,
 }
 
 /// A peer response; errors travel as text (the caller retries or reports them).
@@ -434,6 +450,8 @@ pub enum PeerResponse {
     LeaseTimeToLive(Option<crate::lease::LeaseStanding>),
     /// A witness's pool, in arrival order (the answer to `CurpFence`; empty for `CurpDropBelow`).
     CurpPool(Vec<crate::curp::witness::Pooled>),
+    /// A membership change the leader refused, typed (etcd's errors, `reconfig`).
+    AdminRefused(crate::reconfig::MemberError),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
@@ -491,6 +509,9 @@ type Conn = (BufReader<ReadHalf<PeerStream>>, BufWriter<WriteHalf<PeerStream>>);
 
 /// One connection to a peer, made lazily and remade after any error.
 pub struct PeerClient {
+    /// Each member's current first peer URL, when the member keeps one: a member's URL may
+    /// change (`member update`) while this client lives.
+    book: Option<AddressBook>,
     cluster_id: u64,
     from: u64,
     to: u64,
@@ -503,7 +524,13 @@ pub struct PeerClient {
 impl PeerClient {
     pub fn new(cluster_id: u64, from: u64, to: u64, member: &Member, tls: PeerTls) -> PeerClient {
         let url = member.peer_urls.first().cloned().unwrap_or_default();
-        PeerClient { cluster_id, from, to, url, tls, conn: None }
+        PeerClient { book: None, cluster_id, from, to, url, tls, conn: None }
+    }
+
+    /// This client, dialling the URL `book` holds for its member when it (re)connects.
+    pub fn with_book(mut self, book: AddressBook) -> PeerClient {
+        self.book = Some(book);
+        self
     }
 
     /// Sends `req` and waits up to `timeout` for its answer.
@@ -532,6 +559,9 @@ impl PeerClient {
             )));
         }
         if self.conn.is_none() {
+            if let Some(url) = self.book.as_ref().and_then(|b| b.read().get(&self.to).cloned()) {
+                self.url = url;
+            }
             let stream = self.tls.connect(&self.url).await.map_err(CallError::Unreachable)?;
             let (r, w) = tokio::io::split(stream);
             let mut w = BufWriter::new(w);
@@ -764,18 +794,23 @@ impl PeerClient {
     }
 }
 
+/// Each member's first peer URL as the membership last said, shared by a member's peer
+/// clients (kept by `membership::follow`).
+pub type AddressBook = Arc<parking_lot::RwLock<std::collections::BTreeMap<u64, String>>>;
+
 /// openraft's factory: one [`PeerClient`] per replication target.
 pub struct Network {
     pub cluster_id: u64,
     pub me: u64,
     pub tls: PeerTls,
+    pub book: AddressBook,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &Member) -> PeerClient {
-        PeerClient::new(self.cluster_id, self.me, target, node, self.tls.clone())
+        PeerClient::new(self.cluster_id, self.me, target, node, self.tls.clone()).with_book(Arc::clone(&self.book))
     }
 }
 

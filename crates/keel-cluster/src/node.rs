@@ -17,7 +17,7 @@ use keeldb::fs::FileSystem;
 use openraft::async_runtime::WatchReceiver;
 use openraft::base::BoxStream;
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
-use openraft::{ChangeMembers, Config, ReadPolicy, SnapshotPolicy};
+use openraft::{Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 
@@ -47,6 +47,9 @@ pub enum NodeError {
     /// Anything else, with etcd-like text.
     #[error("{0}")]
     Other(String),
+    /// A membership change the leader refused (etcd's errors, `reconfig`).
+    #[error(transparent)]
+    Member(#[from] crate::reconfig::MemberError),
 }
 
 /// Triggers a snapshot whenever [`crate::state_machine::snapshot_due`] says one is due,
@@ -128,6 +131,12 @@ pub struct Node {
     read_rounds: crate::rounds::Rounds<Result<u64, NodeError>>,
     /// This member, for the task that runs those rounds.
     me: std::sync::Weak<Node>,
+    /// Since when, as leader, this member reaches each peer (the strict reconfiguration check).
+    pub(crate) reach: crate::reconfig::Reachability,
+    /// Each member's current peer URL, for the peer clients (`membership::follow`).
+    pub(crate) book: network::AddressBook,
+    /// Set when this member found itself removed from the cluster and stopped.
+    pub removed: std::sync::atomic::AtomicBool,
 }
 
 fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
@@ -359,7 +368,8 @@ impl Node {
             ..Config::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
-        let network = Network { cluster_id, me: id, tls: peer_tls.clone() };
+        let book = network::AddressBook::default();
+        let network = Network { cluster_id, me: id, tls: peer_tls.clone(), book: Arc::clone(&book) };
         let raft =
             Raft::new(id, raft_config, network, log.clone(), sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
         #[cfg(feature = "raft-stats")]
@@ -393,6 +403,9 @@ impl Node {
             front: crate::curp::front::Front::new(),
             witness,
             weak: crate::curp::weak::Weak::new(),
+            reach: Default::default(),
+            book,
+            removed: Default::default(),
         });
         // The front learns which speculated commands this member appended as leader.
         let weak_node = Arc::downgrade(&node);
@@ -438,6 +451,8 @@ impl Node {
                 }
             }
         });
+        // Follows membership: peer URLs, reachability for the strict check, and removal.
+        crate::membership::follow(&node);
         // Follows leadership: holds lease deadlines while leading and revokes expired leases.
         tokio::spawn(crate::lease::run(Arc::clone(&node)));
         // Decides when to build a snapshot (openraft's own policy is off: `snapshot_due`).
@@ -514,7 +529,10 @@ impl Node {
             return Some(c);
         }
         let member = self.members().into_iter().find(|(i, _, _)| *i == id)?.1;
-        Some(PeerClient::new(self.cluster_id, self.id, id, &member, self.peer_tls.clone()))
+        Some(
+            PeerClient::new(self.cluster_id, self.id, id, &member, self.peer_tls.clone())
+                .with_book(Arc::clone(&self.book)),
+        )
     }
 
     fn put_peer(&self, id: u64, client: PeerClient) {
@@ -637,10 +655,12 @@ impl Node {
         }
     }
 
-    /// Carries out a membership change on the leader.
+    /// Carries out a membership change on the leader; the membership after it, as the leader
+    /// has it.
     pub async fn admin(&self, req: AdminRequest) -> Result<Vec<(u64, Member, bool)>, NodeError> {
         match self.to_leader(PeerRequest::Admin(req)).await? {
             PeerResponse::Admin(m) => Ok(m),
+            PeerResponse::AdminRefused(e) => Err(NodeError::Member(e)),
             other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
         }
     }
@@ -714,42 +734,19 @@ impl Node {
         }
     }
 
-    async fn change_membership(&self, change: ChangeMembers<u64, Member>) -> Result<(), String> {
-        self.raft.change_membership(change, false).await.map(|_| ()).map_err(|e| e.to_string())
-    }
-
     async fn handle_admin(&self, req: &AdminRequest) -> PeerResponse {
         let result = match req {
-            AdminRequest::AddMember { id, member, learner } => {
-                if self.members().iter().any(|(i, m, _)| *i == *id || m.peer_urls == member.peer_urls) {
-                    return PeerResponse::Error("etcdserver: Peer URLs already exists".into());
-                }
-                match self.raft.add_learner(*id, member.clone(), false).await {
-                    Err(e) => Err(e.to_string()),
-                    Ok(_) if *learner => Ok(()),
-                    Ok(_) => self.change_membership(ChangeMembers::AddVoterIds([*id].into())).await,
-                }
-            }
-            AdminRequest::RemoveMember { id } => {
-                let members = self.members();
-                match members.iter().find(|(i, _, _)| i == id) {
-                    None => return PeerResponse::Error("etcdserver: member not found".into()),
-                    Some((_, _, true)) => self.change_membership(ChangeMembers::RemoveVoters([*id].into())).await,
-                    Some((_, _, false)) => self.change_membership(ChangeMembers::RemoveNodes([*id].into())).await,
-                }
-            }
-            AdminRequest::PromoteMember { id } => match self.members().iter().find(|(i, _, _)| i == id) {
-                None => return PeerResponse::Error("etcdserver: member not found".into()),
-                Some((_, _, true)) => {
-                    return PeerResponse::Error("etcdserver: can only promote a learner member".into())
-                }
-                Some(_) => self.change_membership(ChangeMembers::AddVoterIds([*id].into())).await,
-            },
+            AdminRequest::AddMember { id, member, learner } => self.add_member(*id, member, *learner).await,
+            AdminRequest::RemoveMember { id } => self.remove_member(*id).await,
+            AdminRequest::PromoteMember { id } => self.promote_member(*id).await,
+            AdminRequest::UpdateMember { id, peer_urls } => self.update_member(*id, peer_urls).await,
+            AdminRequest::Members => Ok(self.appended_members()),
         };
         match result {
-            Ok(()) => PeerResponse::Admin(self.members()),
-            Err(e) if e.contains("forward") || e.contains("leader") => PeerResponse::NotLeader(self.leader()),
-            Err(e) => PeerResponse::Error(format!("etcdserver: {e}")),
+            Ok(members) => PeerResponse::Admin(members),
+            Err(NodeError::Member(e)) => PeerResponse::AdminRefused(e),
+            Err(NodeError::NotLeader(l)) => PeerResponse::NotLeader(l),
+            Err(e) => PeerResponse::Error(e.to_string()),
         }
     }
 }

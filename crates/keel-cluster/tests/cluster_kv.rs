@@ -277,7 +277,19 @@ async fn a_member_added_with_member_add_joins_with_state_existing_and_restarts()
     joiner.heartbeat_interval = Duration::from_millis(50);
 
     let peer4 = format!("http://{ip}:{}", 23803);
-    let added = c.member_add([peer4.clone()], None).await.unwrap();
+    // etcd's strict reconfiguration check refuses an add until the leader has reached every
+    // member for 5 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let added = loop {
+        match c.member_add([peer4.clone()], None).await {
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.message() == "etcdserver: unhealthy cluster" && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            r => break r.unwrap(),
+        }
+    };
     let new_id = added.member().unwrap().id();
     let s4 = start_retrying(joiner.clone()).await;
     assert_eq!(s4.node.id, new_id, "the joiner takes the id member add gave its peer URLs");

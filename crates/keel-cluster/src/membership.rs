@@ -1,0 +1,345 @@
+//! Membership changes as etcd makes them, on the leader (`Node::handle_admin` calls these), and
+//! the task every member runs to follow membership: peer URLs for its peer clients, the
+//! reachability the strict check counts, and noticing that it was removed.
+//!
+//! etcd changes one member per configuration entry (no joint consensus), and a change takes
+//! effect when it applies, so it commits under the old configuration: a one-member cluster
+//! answers a voter add at once and can then commit nothing until the new member runs. openraft
+//! makes a configuration effective when it is appended, so an add here is two entries: the
+//! member as a learner (which commits under the old voters), then, for a voter, a single-step
+//! configuration with it as a voter. On one member that second entry commits only once the new
+//! member has joined and caught up, as in etcd, so it is answered as soon as the leader has
+//! appended it; with two or more voters, once it applied. Every other change is one
+//! single-step entry answered after it applied on the leader.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, EntryPayload, Membership, Precondition};
+
+use crate::network::{AdminRequest, PeerRequest, PeerResponse};
+use crate::node::{Node, NodeError};
+use crate::reconfig::{self, MemberError, Voter};
+use crate::types::{LogId, Member, StoredMembership, TypeConfig};
+
+/// A member list: (id, member, voter).
+pub(crate) type Members = Vec<(u64, Member, bool)>;
+
+fn list(m: &Membership<u64, Member>) -> Members {
+    let voters: BTreeSet<u64> = m.voter_ids().collect();
+    m.nodes().map(|(id, n)| (*id, n.clone(), voters.contains(id))).collect()
+}
+
+/// openraft's refusal, typed: a member that does not lead sends the caller to the leader.
+fn raft_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> NodeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => NodeError::NotLeader(f.leader_id),
+        // The entry was appended and then lost to a leader change: its fate is unknown.
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => NodeError::Timeout,
+        // Another change is still committing, or moved the membership since it was read.
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(_)))
+        | RaftError::APIError(ClientWriteError::PreconditionFailed(_)) => NodeError::Timeout,
+        RaftError::APIError(e) => NodeError::Other(format!("etcdserver: {e}")),
+        RaftError::Fatal(_) => NodeError::Stopped,
+    }
+}
+
+impl Node {
+    /// The membership as this member has appended it (the leader: every change it accepted).
+    fn appended(&self) -> Arc<StoredMembership> {
+        Arc::clone(&self.raft.metrics().borrow_watched().membership_config)
+    }
+
+    /// The members as this member has appended them.
+    pub(crate) fn appended_members(&self) -> Members {
+        list(self.appended().membership())
+    }
+
+    /// The voters as the strict check sees them from this member (the leader).
+    fn voter_view(&self, m: &Membership<u64, Member>) -> Vec<Voter> {
+        let published = self.sm.published_members();
+        let now = tokio::time::Instant::now();
+        m.voter_ids()
+            .map(|id| {
+                let me = id == self.id;
+                Voter {
+                    id,
+                    started: me || published.get(&id).is_some_and(|p| !p.name.is_empty()),
+                    active: me || self.reach.active(id),
+                    connected: me || self.reach.connected(id, now),
+                }
+            })
+            .collect()
+    }
+
+    fn check(&self, verdict: impl FnOnce() -> Result<(), MemberError>) -> Result<(), NodeError> {
+        if self.config.strict_reconfig_check {
+            verdict()?;
+        }
+        Ok(())
+    }
+
+    /// Appends `voters` and `nodes` as one uniform configuration, if the membership is still
+    /// the one `base` names; returns once it applied on this member.
+    async fn append_single(
+        &self,
+        voters: BTreeSet<u64>,
+        nodes: BTreeMap<u64, Member>,
+        base: Option<LogId>,
+    ) -> Result<Members, NodeError> {
+        let m = Membership::new(vec![voters], nodes).map_err(|e| NodeError::Other(format!("etcdserver: {e}")))?;
+        let answer = self
+            .raft
+            .append_membership(
+                m,
+                EntryPayload::Blank,
+                [Precondition::LastMembershipLogId { last_membership_log_id: base }],
+            )
+            .await
+            .map_err(raft_error)?;
+        Ok(answer.membership.as_ref().map(list).unwrap_or_else(|| self.appended_members()))
+    }
+
+    /// The current single configuration: its voters, its nodes and its entry. A joint one (left
+    /// by a change an older keel began) is finished by openraft's own change first.
+    async fn single(&self) -> Result<(BTreeSet<u64>, BTreeMap<u64, Member>, Option<LogId>), NodeError> {
+        let mut stored = self.appended();
+        if stored.membership().get_joint_config().len() > 1 {
+            let voters: BTreeSet<u64> = stored.membership().voter_ids().collect();
+            self.raft.change_membership(ChangeMembers::ReplaceAllVoters(voters), true).await.map_err(raft_error)?;
+            stored = self.appended();
+        }
+        let m = stored.membership();
+        let nodes = m.nodes().map(|(id, n)| (*id, n.clone())).collect();
+        Ok((m.voter_ids().collect(), nodes, *stored.log_id()))
+    }
+
+    pub(crate) async fn add_member(&self, id: u64, member: &Member, learner: bool) -> Result<Members, NodeError> {
+        let (voters, nodes, _) = self.single().await?;
+        if nodes.contains_key(&id) {
+            return Err(MemberError::IdExists.into());
+        }
+        if nodes.values().any(|m| m.peer_urls.iter().any(|u| member.peer_urls.contains(u))) {
+            return Err(MemberError::PeerUrlExists.into());
+        }
+        if learner && nodes.len().saturating_sub(voters.len()) >= reconfig::MAX_LEARNERS {
+            return Err(MemberError::TooManyLearners.into());
+        }
+        let m = self.appended();
+        self.check(|| reconfig::may_add(&self.voter_view(m.membership()), learner))?;
+        // As a learner first: that entry commits under the current voters.
+        self.raft.add_learner(id, member.clone(), false).await.map_err(raft_error)?;
+        if learner {
+            return Ok(self.appended_members());
+        }
+        let (mut voters, nodes, base) = self.single().await?;
+        // Two or more voters make a quorum of the larger configuration without the new member:
+        // the add is answered once it applied, as etcd answers.
+        if voters.len() >= 2 {
+            voters.insert(id);
+            return self.append_single(voters, nodes, base).await;
+        }
+        voters.insert(id);
+        // One voter: the entry commits only once the new member runs and has caught up. The
+        // add is answered once it is appended (etcd's entry is applied by then), and commits
+        // in the background.
+        let mut metrics = self.raft.metrics();
+        let raft = self.raft.clone();
+        let proposal = tokio::spawn(async move {
+            let m = Membership::new(vec![voters], nodes).map_err(|e| NodeError::Other(format!("etcdserver: {e}")))?;
+            let precondition = Precondition::LastMembershipLogId { last_membership_log_id: base };
+            raft.append_membership(m, EntryPayload::Blank, [precondition]).await.map_err(raft_error).map(|_| ())
+        });
+        let appended = metrics.wait_until(|m| m.membership_config.membership().voter_ids().any(|v| v == id));
+        tokio::select! {
+            r = appended => match r {
+                Ok(_) => Ok(self.appended_members()),
+                Err(_) => Err(NodeError::Stopped),
+            },
+            r = proposal => match r {
+                Ok(Ok(())) => Ok(self.appended_members()),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(NodeError::Stopped),
+            },
+        }
+    }
+
+    pub(crate) async fn remove_member(&self, id: u64) -> Result<Members, NodeError> {
+        let (mut voters, mut nodes, base) = self.single().await?;
+        if !nodes.contains_key(&id) {
+            return Err(MemberError::NotFound.into());
+        }
+        if voters.contains(&id) {
+            let m = self.appended();
+            let view = self.voter_view(m.membership());
+            // Without the check etcd's Raft would fail on an empty configuration; keel refuses.
+            if voters.len() == 1 {
+                return Err(MemberError::NotEnoughStarted.into());
+            }
+            self.check(|| reconfig::may_remove(&view, id, self.id))?;
+        }
+        voters.remove(&id);
+        nodes.remove(&id);
+        self.append_single(voters, nodes, base).await
+    }
+
+    pub(crate) async fn promote_member(&self, id: u64) -> Result<Members, NodeError> {
+        let (mut voters, nodes, base) = self.single().await?;
+        if !nodes.contains_key(&id) {
+            return Err(MemberError::NotFound.into());
+        }
+        if voters.contains(&id) {
+            return Err(MemberError::NotLearner.into());
+        }
+        let (learner_matched, leader_matched) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned()).flatten().map(|l| l.index);
+            (matched, m.last_log_index)
+        };
+        reconfig::learner_ready(learner_matched, leader_matched)?;
+        let m = self.appended();
+        self.check(|| reconfig::may_promote(&self.voter_view(m.membership())))?;
+        voters.insert(id);
+        self.append_single(voters, nodes, base).await
+    }
+
+    pub(crate) async fn update_member(&self, id: u64, peer_urls: &[String]) -> Result<Members, NodeError> {
+        let (_, nodes, _) = self.single().await?;
+        let Some(current) = nodes.get(&id) else { return Err(MemberError::NotFound.into()) };
+        if nodes.iter().any(|(other, m)| *other != id && m.peer_urls.iter().any(|u| peer_urls.contains(u))) {
+            return Err(MemberError::PeerUrlExists.into());
+        }
+        let member = Member { peer_urls: peer_urls.to_vec(), ..current.clone() };
+        let change = ChangeMembers::SetNodes(BTreeMap::from([(id, member)]));
+        let answer = self.raft.change_membership(change, false).await.map_err(raft_error)?;
+        Ok(answer.membership.as_ref().map(list).unwrap_or_else(|| self.appended_members()))
+    }
+
+    /// Stops this member for good, as etcd stops a removed member (it exits 0 after saying so).
+    fn stop_removed(&self) {
+        if self.removed.swap(true, Ordering::SeqCst) || *self.stopping.borrow() {
+            return;
+        }
+        eprintln!("keel: the member has been permanently removed from the cluster");
+        eprintln!("keel: data-dir used by this member must be removed");
+        self.stopping.send_replace(true);
+    }
+}
+
+/// Starts the tasks that follow membership on `node` until it stops.
+pub(crate) fn follow(node: &Arc<Node>) {
+    tokio::spawn(follow_membership(Arc::clone(node)));
+    tokio::spawn(sample_reachability(Arc::clone(node)));
+    tokio::spawn(ask_when_leaderless(Arc::clone(node)));
+}
+
+/// Keeps the address book current and stops the member once a committed membership leaves
+/// it out (after a second, as etcd, so that a removed leader's answer goes out first).
+async fn follow_membership(node: Arc<Node>) {
+    let mut rx = node.raft.metrics();
+    let mut was_member = false;
+    loop {
+        let removed = {
+            let m = rx.borrow_watched();
+            let book: BTreeMap<u64, String> = m
+                .membership_config
+                .membership()
+                .nodes()
+                .filter_map(|(id, n)| n.peer_urls.first().map(|u| (*id, u.clone())))
+                .collect();
+            *node.book.write() = book;
+            let committed = m.committed_membership_config.membership();
+            let listed = committed.nodes().any(|(id, _)| *id == node.id);
+            was_member |= listed;
+            was_member && !listed && committed.nodes().next().is_some()
+        };
+        if removed {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => node.stop_removed(),
+                _ = node.stopped() => {}
+            }
+            return;
+        }
+        let changed = tokio::select! {
+            c = rx.changed() => c.is_ok(),
+            _ = node.stopped() => false,
+        };
+        if !changed {
+            return;
+        }
+    }
+}
+
+/// Samples openraft's heartbeat metrics for [`reconfig::Reachability`] every heartbeat.
+async fn sample_reachability(node: Arc<Node>) {
+    let fresh = node.config.election_timeout;
+    let mut tick = tokio::time::interval(node.config.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = node.stopped() => return,
+        }
+        let acked = {
+            let m = node.raft.metrics();
+            let m = m.borrow_watched();
+            m.heartbeat.as_ref().map(|h| {
+                h.iter()
+                    .filter(|(id, _)| **id != node.id)
+                    .map(|(id, at)| (*id, at.as_ref().map(|t| openraft::Instant::elapsed(&**t))))
+                    .collect::<BTreeMap<u64, Option<Duration>>>()
+            })
+        };
+        node.reach.observe(acked, fresh, tokio::time::Instant::now());
+    }
+}
+
+/// A removed follower may never receive the entry that removes it (the leader stops
+/// replicating to it at once). When it hears from no leader for a while it asks the others
+/// for the leader's membership, and stops if it is not in it (etcd's peers tell a removed
+/// member so).
+async fn ask_when_leaderless(node: Arc<Node>) {
+    let pause = node.config.election_timeout * 3;
+    let mut leaderless_since: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(node.config.election_timeout) => {}
+            _ = node.stopped() => return,
+        }
+        if node.leader().is_some() {
+            leaderless_since = None;
+            continue;
+        }
+        let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < pause {
+            continue;
+        }
+        let others: Vec<u64> = node.members().into_iter().map(|(id, _, _)| id).filter(|id| *id != node.id).collect();
+        for peer in others {
+            let mut target = peer;
+            // At most one hop: the member asked names its leader.
+            for _ in 0..2 {
+                match node
+                    .call_peer(target, &PeerRequest::Admin(AdminRequest::Members), node.config.election_timeout)
+                    .await
+                {
+                    Ok(PeerResponse::Admin(members)) => {
+                        if !members.is_empty() && !members.iter().any(|(id, _, _)| *id == node.id) {
+                            node.stop_removed();
+                            return;
+                        }
+                        break;
+                    }
+                    Ok(PeerResponse::NotLeader(Some(l))) if l != node.id => target = l,
+                    _ => break,
+                }
+            }
+        }
+        leaderless_since = Some(tokio::time::Instant::now());
+    }
+}
