@@ -16,9 +16,6 @@ func main() {
 	root := &cobra.Command{
 		Use:   "etcdutl",
 		Short: "An administrative command line tool for etcd3.",
-		// Errors are printed by the subcommands' own exit paths; cobra's usage dump on a
-		// failed command would bury them.
-		SilenceUsage: true,
 	}
 	root.PersistentFlags().StringVarP(&etcdutl.OutputFormat, "write-out", "w", "simple",
 		"set the output format (fields, json, protobuf, simple, table)")
