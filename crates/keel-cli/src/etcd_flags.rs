@@ -112,12 +112,7 @@ pub const FLAGS: &[Flag] = &[
     only("backend-batch-limit", N, &["0"], NO_BBOLT),
     only("max-txn-ops", N, &["128"], "KeelDB's limit of operations per transaction is fixed at 128"),
     used("max-request-bytes", N, "largest client request, bytes (1572864)"),
-    only(
-        "max-concurrent-streams",
-        N,
-        &["4294967295"],
-        "KeelDB's gRPC server (tonic) sets no limit on concurrent streams per connection",
-    ),
+    used("max-concurrent-streams", N, "concurrent gRPC streams per client connection (4294967295)"),
     refused("grpc-keepalive-min-time", D, "KeelDB does not police client pings"),
     only("grpc-keepalive-interval", D, &["0s"], "KeelDB sends no keepalive pings to clients"),
     only("grpc-keepalive-timeout", D, &["20s"], "KeelDB sends no keepalive pings to clients"),

@@ -246,6 +246,7 @@ impl Member {
             curp_weak_queue_bytes: defaults.curp_weak_queue_bytes,
             // etcd's default is true: only an explicit false turns the check off.
             strict_reconfig_check: p.get("strict-reconfig-check") != Some("false"),
+            max_concurrent_streams: number(p, "max-concurrent-streams", u32::MAX)?,
         };
         Ok(Member {
             config,
@@ -729,6 +730,12 @@ mod tests {
             "--peer-auto-tls",
             "--self-signed-cert-validity=3",
             "--log-level=warn",
+            "--max-concurrent-streams=100",
+            "--strict-reconfig-check=false",
+            "--client-crl-file=/c/revoked.crl",
+            "--peer-cert-allowed-cn=etcd-peer,other",
+            "--tls-min-version=TLS1.3",
+            "--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
         ])
         .unwrap();
         let c = &m.config;
@@ -741,6 +748,16 @@ mod tests {
         assert_eq!(c.watch_progress_notify_interval, Duration::from_secs(600));
         assert!(m.peer_auto_tls && !m.auto_tls && m.quiet);
         assert_eq!(m.cert_validity_years, 3);
+        assert_eq!(c.max_concurrent_streams, 100);
+        assert!(!c.strict_reconfig_check);
+        assert_eq!(c.client_tls.crl_file.as_deref(), Some(std::path::Path::new("/c/revoked.crl")));
+        assert_eq!(c.peer_tls.allowed_cns, ["etcd-peer", "other"]);
+        assert_eq!((c.client_tls.min_version.as_str(), c.peer_tls.min_version.as_str()), ("TLS1.3", "TLS1.3"));
+        assert_eq!(c.peer_tls.cipher_suites, ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]);
+        // Defaults as etcd's.
+        let d = member(&[]).unwrap().config;
+        assert!(d.strict_reconfig_check);
+        assert_eq!(d.max_concurrent_streams, u32::MAX);
         // The experimental spelling wins, as in etcd.
         let m = member(&["--watch-progress-notify-interval=1m", "--experimental-watch-progress-notify-interval=1.5s"])
             .unwrap();

@@ -223,6 +223,9 @@ pub struct ServeConfig {
     /// etcd's `--strict-reconfig-check` (default true): refuse a member add, remove or promote
     /// that would leave fewer started or connected members than a quorum (`reconfig`).
     pub strict_reconfig_check: bool,
+    /// Concurrent gRPC streams one client connection may hold open (etcd's
+    /// `--max-concurrent-streams`, unlimited: 2^32 - 1).
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for ServeConfig {
@@ -252,6 +255,7 @@ impl Default for ServeConfig {
             auto_compaction_interval: None,
             watch_progress_notify_interval: Duration::from_secs(600),
             curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
+            max_concurrent_streams: u32::MAX,
             strict_reconfig_check: true,
             name,
         }

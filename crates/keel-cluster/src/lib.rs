@@ -90,7 +90,9 @@ impl Server {
                 }
             }
             let incoming = bound.incoming();
-            let builder = tonic::transport::Server::builder().tcp_nodelay(true);
+            let builder = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .max_concurrent_streams(Some(node.config.max_concurrent_streams));
             let cert_auth = node.config.client_tls.client_cert_auth;
             let router = builder
                 .layer(tonic::service::InterceptorLayer::new(move |req| auth_api::cert_user(cert_auth, req)))

@@ -47,12 +47,14 @@ fn provider_for(files: &TlsFiles) -> Result<Arc<CryptoProvider>, ConfigError> {
     }
     let mut chosen: Vec<SupportedCipherSuite> = Vec::new();
     for name in &files.cipher_suites {
-        let suite = p.cipher_suites.iter().find(|s| go_suite_name(s).is_some_and(|n| n == name)).ok_or_else(|| {
-            ConfigError::Invalid {
+        let suite = p
+            .cipher_suites
+            .iter()
+            .find(|s| go_suite_name(s).is_some_and(|n| n == name || go_legacy_name(n) == Some(name.as_str())))
+            .ok_or_else(|| ConfigError::Invalid {
                 flag: "--cipher-suites",
                 why: format!("{name:?} is not a cipher suite KeelDB supports (ECDHE with AES-GCM or ChaCha20)"),
-            }
-        })?;
+            })?;
         chosen.push(*suite);
     }
     // TLS 1.3's suites are not configurable in Go (and so in etcd): always offered.
@@ -73,6 +75,15 @@ fn go_suite_name(s: &SupportedCipherSuite) -> Option<&'static str> {
         TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
         _ => return None,
     })
+}
+
+/// Go's older names of the ChaCha20 suites (`tls.CipherSuiteName` accepts both in etcd).
+fn go_legacy_name(name: &str) -> Option<&'static str> {
+    match name {
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256" => Some("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305"),
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256" => Some("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"),
+        _ => None,
+    }
 }
 
 /// The protocol versions `--tls-min-version` and `--tls-max-version` allow (validated before).
@@ -599,6 +610,9 @@ mod tests {
         let tls12: Vec<_> = p.cipher_suites.iter().filter(|s| s.tls13().is_none()).collect();
         assert_eq!(tls12.len(), 1);
         assert!(p.cipher_suites.iter().any(|s| s.tls13().is_some()), "TLS 1.3 suites stay");
+        let legacy =
+            TlsFiles { cipher_suites: vec!["TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305".into()], ..TlsFiles::default() };
+        assert!(provider_for(&legacy).is_ok(), "Go's older ChaCha20 name is taken too");
         let bad = TlsFiles { cipher_suites: vec!["TLS_RSA_WITH_RC4_128_SHA".into()], ..TlsFiles::default() };
         assert!(matches!(provider_for(&bad), Err(ConfigError::Invalid { flag: "--cipher-suites", .. })));
     }
