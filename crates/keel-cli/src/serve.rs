@@ -109,6 +109,10 @@ pub struct ServeCommand {
     /// Accepted for etcd scripts and ignored (KeelDB logs to stderr).
     #[arg(long, hide = true)]
     log_outputs: Option<String>,
+    /// Run a Pre-Vote round before an election, so that a member rejoining after a partition
+    /// does not depose a healthy leader (`--pre-vote=false` turns it off).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = true, default_missing_value = "true")]
+    pre_vote: bool,
 }
 
 impl ServeCommand {
@@ -153,6 +157,7 @@ impl ServeCommand {
             auto_compaction_interval: None,
             watch_progress_notify_interval: self.watch_progress_notify_interval,
             curp_weak_queue_bytes: ServeConfig::default().curp_weak_queue_bytes,
+            pre_vote: self.pre_vote,
         };
         config.validate().map_err(Failure::usage)?;
         Ok(config)
@@ -204,6 +209,14 @@ pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
         }
         if !quiet {
             eprintln!("keel: stopping");
+        }
+        // As etcd on a graceful stop: a leader first hands leadership to the most caught-up
+        // voter (bounded), so writes stall for one election round instead of a timeout.
+        let bound = server.node.config.election_timeout * 3;
+        if let Some(new) = server.node.hand_over(bound).await {
+            if !quiet {
+                eprintln!("keel: handed leadership to member {new:x}");
+            }
         }
         server.stop().await;
         Ok(0)

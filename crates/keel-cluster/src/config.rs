@@ -168,6 +168,10 @@ pub struct ServeConfig {
     /// Bytes of CURP weak writes (request bodies) this member may hold queued for the leader
     /// over all sessions (`curp::weak`; 64 MiB; no flag).
     pub curp_weak_queue_bytes: usize,
+    /// Whether a member whose election timer fires first asks the others whether they would
+    /// vote for it, and campaigns only if a quorum would (etcd's `--pre-vote`, on by default):
+    /// a member rejoining after a partition then does not depose a healthy leader.
+    pub pre_vote: bool,
 }
 
 impl Default for ServeConfig {
@@ -197,6 +201,7 @@ impl Default for ServeConfig {
             auto_compaction_interval: None,
             watch_progress_notify_interval: Duration::from_secs(600),
             curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
+            pre_vote: true,
             name,
         }
     }

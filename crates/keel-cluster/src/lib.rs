@@ -90,7 +90,12 @@ impl Server {
                     }
                 };
             }
+            // clientv3's require-leader metadata is honoured on every RPC (`etcd_api`).
+            let leader_check = Arc::clone(&node);
             let router = builder
+                .layer(tonic::service::InterceptorLayer::new(move |req: tonic::Request<()>| {
+                    etcd_api::check_require_leader(&leader_check, req.metadata()).map(|()| req)
+                }))
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))

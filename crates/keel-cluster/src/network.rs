@@ -434,6 +434,8 @@ pub enum PeerResponse {
     LeaseTimeToLive(Option<crate::lease::LeaseStanding>),
     /// A witness's pool, in arrival order (the answer to `CurpFence`; empty for `CurpDropBelow`).
     CurpPool(Vec<crate::curp::witness::Pooled>),
+    /// The leader refused or failed a forwarded request, as the error the client gets.
+    Refused(crate::node::NodeError),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
