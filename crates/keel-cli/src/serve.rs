@@ -211,14 +211,14 @@ pub fn serve(cmd: ServeCommand) -> Result<u8, Failure> {
             eprintln!("keel: stopping");
         }
         // As etcd on a graceful stop: a leader first hands leadership to the most caught-up
-        // voter (bounded), so writes stall for one election round instead of a timeout.
+        // voter, so writes stall for one election round instead of an election timeout; then
+        // requests under way finish before Raft stops.
         let bound = server.node.config.election_timeout * 3;
-        if let Some(new) = server.node.hand_over(bound).await {
+        if let Some(new) = server.stop_gracefully(bound).await {
             if !quiet {
                 eprintln!("keel: handed leadership to member {new:x}");
             }
         }
-        server.stop().await;
         Ok(0)
     })
 }

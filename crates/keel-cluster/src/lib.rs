@@ -40,6 +40,8 @@ pub struct Server {
     /// The client addresses actually bound (port 0 in a URL picks a free port).
     pub client_addrs: Vec<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The client listeners' tasks (also in `tasks`' place for `stop`).
+    listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -55,6 +57,7 @@ impl Server {
         let max = node.config.max_request_bytes + 64 * 1024;
         let mut client_addrs = Vec::new();
         let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
         // Like etcd, serve clients only once this member's name and client URLs are in the
         // replicated state (so MemberList shows every serving member's URLs); the listeners
         // are bound now so that the ports are this member's.
@@ -105,12 +108,13 @@ impl Server {
                 .add_service(curp::service::CurpServer::new(Arc::clone(&node)));
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
-            tasks.push(tokio::spawn(async move {
+            listeners.push(tokio::spawn(async move {
                 tokio::select! {
                     _ = ready.wait_for(|p| *p) => {}
                     _ = stop.stopped() => return,
                 }
-                if let Err(e) = router.serve_with_incoming_shutdown(incoming, async move { stop.stopped().await }).await
+                if let Err(e) =
+                    router.serve_with_incoming_shutdown(incoming, async move { stop.clients_closed().await }).await
                 {
                     eprintln!("keel: client listener stopped: {e}");
                 }
@@ -122,19 +126,39 @@ impl Server {
             node.config.auto_compaction,
             node.config.auto_compaction_interval,
         )));
-        Ok(Server { node, client_addrs, tasks })
+        Ok(Server { node, client_addrs, tasks, listeners })
     }
 
     /// Stops Raft, then client service (open connections get a GOAWAY and up to 2 s to
     /// finish), and waits until the member's stores are closed.
     pub async fn stop(self) {
         self.node.shutdown().await;
-        for t in self.tasks {
+        for t in self.tasks.into_iter().chain(self.listeners) {
             let abort = t.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
                 abort.abort();
             }
         }
+    }
+}
+
+impl Server {
+    /// Stops as etcd does on SIGTERM: a leader first hands leadership to the most caught-up
+    /// voter (at most `bound`); then client listeners stop taking requests and finish those
+    /// under way (at most `bound`; requests still reach the leader, Raft runs); then
+    /// [`Server::stop`]. Returns the new leader if this member handed leadership over.
+    pub async fn stop_gracefully(mut self, bound: Duration) -> Option<u64> {
+        let new = self.node.hand_over(bound).await;
+        self.node.close_clients();
+        let deadline = tokio::time::Instant::now() + bound;
+        for t in std::mem::take(&mut self.listeners) {
+            let abort = t.abort_handle();
+            if tokio::time::timeout_at(deadline, t).await.is_err() {
+                abort.abort();
+            }
+        }
+        self.stop().await;
+        new
     }
 }
 

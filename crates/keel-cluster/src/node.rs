@@ -137,6 +137,8 @@ pub struct Node {
     me: std::sync::Weak<Node>,
     /// The leader this member reports and routes to (`leadership`).
     live_leader: tokio::sync::watch::Sender<Option<u64>>,
+    /// Set when client listeners are to stop taking requests (a graceful stop's second step).
+    clients_closing: tokio::sync::watch::Sender<bool>,
 }
 
 fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
@@ -384,6 +386,7 @@ impl Node {
             witness,
             weak: crate::curp::weak::Weak::new(),
             live_leader: tokio::sync::watch::channel(None).0,
+            clients_closing: tokio::sync::watch::channel(false).0,
         });
         // Keeps the live leader: openraft's, less one this member has lost touch with.
         tokio::spawn(leadership::follow(Arc::clone(&node)));
@@ -475,6 +478,22 @@ impl Node {
         };
         if let Some(why) = why {
             eprintln!("keel: closing the state store of member {:x}: {why}", self.id);
+        }
+    }
+
+    /// Tells client listeners to stop taking requests and finish those under way; the member
+    /// itself keeps running.
+    pub fn close_clients(&self) {
+        self.clients_closing.send_replace(true);
+    }
+
+    /// Completes once client listeners are to close: [`Node::close_clients`] or the member
+    /// stopping.
+    pub async fn clients_closed(&self) {
+        let mut closing = self.clients_closing.subscribe();
+        tokio::select! {
+            _ = closing.wait_for(|c| *c) => {}
+            _ = self.stopped() => {}
         }
     }
 

@@ -177,7 +177,21 @@ impl Session {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = self.node.stopping.subscribe();
-        let node = Arc::clone(&self.node);
+        // A require-leader stream ends when its member has lost its leader: watched by a task
+        // of its own, so that the loop's other steps do not restart its clock.
+        let (lost_tx, mut lost) = tokio::sync::oneshot::channel::<()>();
+        if self.require_leader {
+            let node = Arc::clone(&self.node);
+            tokio::spawn(async move {
+                let mut lost_tx = lost_tx;
+                tokio::select! {
+                    _ = node.leader_lost() => {
+                        let _ = lost_tx.send(());
+                    }
+                    _ = lost_tx.closed() => {}
+                }
+            });
+        }
         let mut waiting = false;
         loop {
             let behind = self.watchers.values().any(|w| w.behind.is_some());
@@ -185,7 +199,7 @@ impl Session {
                 biased;
                 _ = self.out.closed() => Step::Stop,
                 _ = async { let _ = stopping.wait_for(|s| *s).await; } => Step::Stop,
-                _ = node.leader_lost(), if self.require_leader => {
+                _ = &mut lost, if self.require_leader => {
                     let _ = self.out.send(Err(crate::etcd_api::no_leader())).await;
                     Step::Stop
                 }

@@ -219,13 +219,13 @@ async fn a_graceful_stop_of_the_leader_hands_over_without_failing_a_write() {
     });
     tokio::time::sleep(Duration::from_millis(800)).await;
     let old = servers[leader_i].take().unwrap();
-    let new = old.node.hand_over(ELECTION * 3).await;
-    // The new leader is elected (and known to the stopping member) before it stops.
+    let old_node = std::sync::Arc::clone(&old.node);
+    let new = old.stop_gracefully(ELECTION * 3).await;
+    // The new leader was elected (and known to the stopping member) before it stopped.
     let new = new.expect("no hand-over");
     assert_ne!(new, leader);
-    assert_eq!(old.node.leader(), Some(new));
+    assert_eq!(old_node.live_leader(), None, "stopped");
     assert_eq!(servers[index_of(&servers, new)].as_ref().unwrap().node.leader(), Some(new));
-    old.stop().await;
     let (ok, failed) = writer.await.unwrap();
     eprintln!("{ok} puts, {} failed", failed.len());
     assert!(failed.is_empty(), "writes failed during the hand-over: {failed:?}");
