@@ -641,3 +641,23 @@ impl Fold {
         (self.0 ^ (self.0 >> 32)) as u32
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_grpc_timeout;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_grpc_spec_says_and_bad_ones_are_ignored() {
+        assert_eq!(parse_grpc_timeout("1000m"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("99999999H"), Some(Duration::from_secs(99_999_999 * 3600)));
+        assert_eq!(parse_grpc_timeout("250u"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "12x", "-1S", "1.5S", "1é", "é"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -145,8 +145,8 @@ impl Server {
 impl Server {
     /// Stops as etcd does on SIGTERM: a leader first hands leadership to the most caught-up
     /// voter (at most `bound`); then client listeners stop taking requests and finish those
-    /// under way (at most `bound`; requests still reach the leader, Raft runs); then
-    /// [`Server::stop`]. Returns the new leader if this member handed leadership over.
+    /// under way, and the member applies what its log holds (at most `bound` for both; Raft
+    /// runs meanwhile); then [`Server::stop`]. Returns the new leader if this member handed leadership over.
     pub async fn stop_gracefully(mut self, bound: Duration) -> Option<u64> {
         let new = self.node.hand_over(bound).await;
         self.node.close_clients();
@@ -157,6 +157,8 @@ impl Server {
                 abort.abort();
             }
         }
+        // Writes other members forwarded here are answered too, once applied.
+        self.node.settle(deadline).await;
         self.stop().await;
         new
     }

@@ -596,8 +596,12 @@ impl Node {
             match resp {
                 PeerResponse::NotLeader(_) => {
                     // The member asked no longer leads (or is handing over): wait until this
-                    // member learns of another leader, briefly, then ask again.
-                    self.wait_leader_change(Some(leader), deadline.min(retry_at(20))).await;
+                    // member learns of another leader (within an election timeout: it may also
+                    // be elected again), then ask again. Not asked again at once: a member that
+                    // handed leadership over is about to stop, and a write sent to it as it
+                    // closes its connections would end with an unknown outcome.
+                    let until = deadline.min(tokio::time::Instant::now() + self.config.election_timeout);
+                    self.wait_leader_change(Some(leader), until).await;
                     last_err = NodeError::NoLeader;
                 }
                 PeerResponse::Refused(e) => return Err(e),

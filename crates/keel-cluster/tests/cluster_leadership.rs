@@ -342,3 +342,35 @@ async fn a_member_without_a_leader_waits_until_the_deadline_and_honours_require_
     put.await.unwrap().unwrap();
     stop_all(servers).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_forwarded_to_a_restarted_leader_is_not_lost_to_a_stale_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(116);
+    let mut servers = start(dir.path(), &ip, |c| c).await;
+    let leader = common::wait_leader(&servers, 20).await;
+    let leader_i = index_of(&servers, leader);
+    let via = (leader_i + 1) % 3;
+    // A write through a follower leaves it an idle connection to the leader.
+    let mut client = Client::connect([url(&ip, via)], None).await.unwrap();
+    client.put("k", "1", None).await.unwrap();
+    // The leader hands over, restarts, and leads again: the follower's idle connection is to
+    // the process that stopped.
+    let old = servers[leader_i].take().unwrap();
+    assert!(old.stop_gracefully(ELECTION * 3).await.is_some());
+    servers[leader_i] = Some(common::start_retrying(config(dir.path(), &ip, leader_i), 10).await);
+    let servers_ref = &servers;
+    within(ELECTION * 20, "the restarted member taking leadership back", async || {
+        let Some(l) = servers_ref[via].as_ref().unwrap().node.live_leader() else { return false };
+        if l == leader {
+            return true;
+        }
+        if let Ok(mut c) = Client::connect([url(&ip, index_of(servers_ref, l))], None).await {
+            let _ = c.move_leader(leader).await;
+        }
+        false
+    })
+    .await;
+    client.put("k", "2", None).await.expect("the forwarded write failed");
+    stop_all(servers).await;
+}

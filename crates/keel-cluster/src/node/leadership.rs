@@ -208,6 +208,20 @@ impl Node {
         }
     }
 
+    /// Waits (until `deadline`) until this member has applied every entry its log holds now:
+    /// a write it proposed as leader, or a follower forwarded to it, is answered before it
+    /// stops (its new leader commits them; the hand-over made sure that leader holds them).
+    pub async fn settle(&self, deadline: Instant) {
+        let last = self.raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
+        let mut applied = self.sm.applied_tx.subscribe();
+        let _ = tokio::time::timeout_at(deadline, applied.wait_for(|a| *a >= last)).await;
+        // The other members route to the new leader once its first heartbeats reach them;
+        // until then a write they send here is answered "not leader" (and sent on) rather
+        // than cut off by this member's connections closing.
+        let grace = self.config.heartbeat_interval * 2;
+        tokio::time::sleep_until(deadline.min(Instant::now() + grace)).await;
+    }
+
     /// A graceful stop's first step (etcd transfers leadership before it stops): if this member
     /// leads, hands leadership to the most caught-up voter and waits for it, at most `bound`.
     /// Returns the new leader, if the hand-over happened.
