@@ -151,7 +151,11 @@ pub const FLAGS: &[Flag] = &[
     only("discovery-srv", T, &[""], NO_DISCOVERY),
     only("discovery-srv-name", T, &[""], NO_DISCOVERY),
     used("strict-reconfig-check", B, "Reject member changes that could lose quorum (default true)"),
-    only("pre-vote", B, &["false"], "KeelDB runs Raft without pre-vote"),
+    used(
+        "pre-vote",
+        B,
+        "Ask the others before campaigning, so a rejoining member cannot depose a leader (default true)",
+    ),
     used("auto-compaction-retention", T, "history to keep before automatic compaction (0: off)"),
     used("auto-compaction-mode", T, "periodic (a duration or hours) or revision (a count)"),
     only(

@@ -247,6 +247,8 @@ impl Member {
             // etcd's default is true: only an explicit false turns the check off.
             strict_reconfig_check: p.get("strict-reconfig-check") != Some("false"),
             max_concurrent_streams: number(p, "max-concurrent-streams", u32::MAX)?,
+            // etcd's default is true: a member that could not win an election does not start one.
+            pre_vote: p.get("pre-vote") != Some("false"),
         };
         Ok(Member {
             config,
@@ -419,7 +421,15 @@ pub fn serve_args(args: &[String]) -> Result<u8, Failure> {
         if !quiet {
             eprintln!("keel: stopping");
         }
-        server.stop().await;
+        // As etcd on a graceful stop: a leader first hands leadership to the most caught-up
+        // voter, so writes stall for one election round instead of an election timeout; then
+        // requests under way finish before Raft stops.
+        let bound = server.node.config.election_timeout * 3;
+        if let Some(new) = server.stop_gracefully(bound).await {
+            if !quiet {
+                eprintln!("keel: handed leadership to member {new:x}");
+            }
+        }
         Ok(0)
     })
 }

@@ -226,6 +226,10 @@ pub struct ServeConfig {
     /// Concurrent gRPC streams one client connection may hold open (etcd's
     /// `--max-concurrent-streams`, unlimited: 2^32 - 1).
     pub max_concurrent_streams: u32,
+    /// Whether a member whose election timer fires first asks the others whether they would
+    /// vote for it, and campaigns only if a quorum would (etcd's `--pre-vote`, on by default):
+    /// a member rejoining after a partition then does not depose a healthy leader.
+    pub pre_vote: bool,
 }
 
 impl Default for ServeConfig {
@@ -257,6 +261,7 @@ impl Default for ServeConfig {
             curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
             max_concurrent_streams: u32::MAX,
             strict_reconfig_check: true,
+            pre_vote: true,
             name,
         }
     }

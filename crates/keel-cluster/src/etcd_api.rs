@@ -37,12 +37,70 @@ pub struct Api {
 
 pub(crate) fn node_status(e: NodeError) -> Status {
     match e {
-        NodeError::NoLeader | NodeError::Timeout | NodeError::Stopped | NodeError::NotLeader(_) => {
-            Status::unavailable(e.to_string())
-        }
+        NodeError::NoLeader
+        | NodeError::Timeout
+        | NodeError::Stopped
+        | NodeError::NotLeader(_)
+        | NodeError::LeaderTransferTimeout => Status::unavailable(e.to_string()),
         NodeError::Other(m) => Status::unavailable(m),
         NodeError::Member(e) => e.status(),
     }
+}
+
+/// clientv3's `WithRequireLeader` metadata: the request must fail at once on a member without
+/// a leader (etcd's `rpctypes.MetadataRequireLeaderKey` and `MetadataHasLeader`).
+pub const REQUIRE_LEADER_KEY: &str = "hasleader";
+const REQUIRE_LEADER_VALUE: &str = "true";
+
+/// Whether the request asks for a leader (clientv3's `WithRequireLeader`).
+pub(crate) fn requires_leader(md: &tonic::metadata::MetadataMap) -> bool {
+    md.get(REQUIRE_LEADER_KEY).is_some_and(|v| v.as_bytes() == REQUIRE_LEADER_VALUE.as_bytes())
+}
+
+/// etcd's answer to a require-leader request on a member without a (live) leader.
+pub(crate) fn no_leader() -> Status {
+    node_status(NodeError::NoLeader)
+}
+
+/// Refuses a require-leader request while this member has no live leader; every RPC goes
+/// through it (a tonic interceptor, `Server::start`).
+#[allow(clippy::result_large_err)]
+pub fn check_require_leader(node: &Node, md: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+    if requires_leader(md) && node.live_leader().is_none() {
+        return Err(no_leader());
+    }
+    Ok(())
+}
+
+/// When a request that waits for a leader gives up: a little before the client's gRPC
+/// deadline (`grpc-timeout`), so that the client gets `no leader` rather than its own deadline
+/// error, or after the member's request timeout when the client set none.
+pub(crate) fn request_deadline(node: &Node, md: &tonic::metadata::MetadataMap) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    match md.get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout) {
+        Some(t) => now + t.saturating_sub((t / 10).min(std::time::Duration::from_millis(100))),
+        None => node.default_deadline(),
+    }
+}
+
+/// A `grpc-timeout` value: at most 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(text: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let unit = text.chars().last()?;
+    let digits = text.get(..text.len() - unit.len_utf8())?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 pub(crate) fn apply_status(e: ApplyError) -> Status {
@@ -109,8 +167,20 @@ impl Api {
         body: Vec<u8>,
         auth: AuthStamp,
     ) -> Result<T, Status> {
+        self.propose_until(kind, body, auth, self.node.default_deadline()).await
+    }
+
+    /// [`Api::propose`], waiting for a leader at most until `deadline`.
+    pub(crate) async fn propose_until<T: Message + Default>(
+        &self,
+        kind: RequestKind,
+        body: Vec<u8>,
+        auth: AuthStamp,
+        deadline: tokio::time::Instant,
+    ) -> Result<T, Status> {
         self.check_size(body.len())?;
-        match self.node.write(Request::with_auth(kind, body, auth)).await.map_err(node_status)? {
+        let req = Request::with_auth(kind, body, auth);
+        match self.node.write_until(req, deadline).await.map_err(node_status)? {
             Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
             Response::Err(e) => Err(apply_status(e)),
         }
@@ -129,7 +199,11 @@ impl Api {
         }
     }
 
-    async fn range_inner(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, Status> {
+    async fn range_inner(
+        &self,
+        req: &PbRangeRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<PbRangeResponse, Status> {
         if req.key.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
@@ -137,7 +211,7 @@ impl Api {
             return Err(Status::invalid_argument("etcdserver: invalid sort option"));
         }
         if !req.serializable {
-            self.node.read_barrier().await.map_err(node_status)?;
+            self.node.read_barrier_until(deadline).await.map_err(node_status)?;
         }
         let sm = Arc::clone(&self.node.sm);
         let req = req.clone();
@@ -183,7 +257,8 @@ impl Api {
 impl PbKvService for Api {
     async fn range(&self, request: GrpcRequest<PbRangeRequest>) -> Result<GrpcResponse<PbRangeResponse>, Status> {
         self.authorize_kv(request.metadata(), KvCheck::Range(request.get_ref()))?;
-        Ok(GrpcResponse::new(self.range_inner(request.get_ref()).await?))
+        let deadline = request_deadline(&self.node, request.metadata());
+        Ok(GrpcResponse::new(self.range_inner(request.get_ref(), deadline).await?))
     }
 
     type RangeStreamStream = Stream<PbRangeStreamResponse>;
@@ -197,11 +272,12 @@ impl PbKvService for Api {
 
     async fn put(&self, request: GrpcRequest<PbPutRequest>) -> Result<GrpcResponse<PbPutResponse>, Status> {
         let auth = self.authorize_kv(request.metadata(), KvCheck::Put(request.get_ref()))?;
+        let deadline = request_deadline(&self.node, request.metadata());
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
-        let mut resp: PbPutResponse = self.propose(RequestKind::Put, req.encode_to_vec(), auth).await?;
+        let mut resp: PbPutResponse = self.propose_until(RequestKind::Put, req.encode_to_vec(), auth, deadline).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
@@ -211,25 +287,28 @@ impl PbKvService for Api {
         request: GrpcRequest<PbDeleteRequest>,
     ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
         let auth = self.authorize_kv(request.metadata(), KvCheck::Delete(request.get_ref()))?;
+        let deadline = request_deadline(&self.node, request.metadata());
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
-        let mut resp: PbDeleteResponse = self.propose(RequestKind::DeleteRange, req.encode_to_vec(), auth).await?;
+        let mut resp: PbDeleteResponse =
+            self.propose_until(RequestKind::DeleteRange, req.encode_to_vec(), auth, deadline).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
 
     async fn txn(&self, request: GrpcRequest<PbTxnRequest>) -> Result<GrpcResponse<PbTxnResponse>, Status> {
         let auth = self.authorize_kv(request.metadata(), KvCheck::Txn(request.get_ref()))?;
+        let deadline = request_deadline(&self.node, request.metadata());
         let req = request.into_inner();
         mvcc::check_txn(&req).map_err(apply_status)?;
         let writes = has_writes(&req.success) || has_writes(&req.failure);
         let mut resp: PbTxnResponse = if writes {
-            self.propose(RequestKind::Txn, req.encode_to_vec(), auth).await?
+            self.propose_until(RequestKind::Txn, req.encode_to_vec(), auth, deadline).await?
         } else {
             // A read-only txn is served like a linearizable range: no log entry.
-            self.node.read_barrier().await.map_err(node_status)?;
+            self.node.read_barrier_until(deadline).await.map_err(node_status)?;
             let sm = Arc::clone(&self.node.sm);
             tokio::task::spawn_blocking(move || -> Result<PbTxnResponse, ApplyError> {
                 let (mut snapshot, current) = sm.read_now()?;
@@ -249,8 +328,10 @@ impl PbKvService for Api {
         request: GrpcRequest<PbCompactionRequest>,
     ) -> Result<GrpcResponse<PbCompactionResponse>, Status> {
         let auth = self.require_root(request.metadata())?;
+        let deadline = request_deadline(&self.node, request.metadata());
         let req = request.into_inner();
-        let mut resp: PbCompactionResponse = self.propose(RequestKind::Compact, req.encode_to_vec(), auth).await?;
+        let mut resp: PbCompactionResponse =
+            self.propose_until(RequestKind::Compact, req.encode_to_vec(), auth, deadline).await?;
         self.fill(&mut resp.header);
         Ok(GrpcResponse::new(resp))
     }
@@ -389,16 +470,19 @@ impl PbMaintenanceService for Api {
         let stats = self.node.sm.db.stats();
         let revision = self.node.sm.visible_revision();
         let is_learner = self.node.members().iter().any(|(i, _, voter)| *i == self.node.id && !voter);
+        // The live leader: a leader cut off from its quorum (or a follower from its leader)
+        // for an election timeout reports none, as etcd's does after CheckQuorum steps it down.
+        let leader = self.node.live_leader();
         let mut errors = Vec::new();
-        if metrics.current_leader.is_none() {
-            errors.push("etcdserver: no leader".to_string());
+        if leader.is_none() {
+            errors.push(NodeError::NoLeader.to_string());
         }
         let db_size = (stats.wal_bytes + stats.checkpoint_bytes) as i64;
         let mut resp = GrpcResponse::new(PbStatusResponse {
             header: Some(self.header(revision)),
             version: ETCD_VERSION.into(),
             db_size,
-            leader: metrics.current_leader.unwrap_or(0),
+            leader: leader.unwrap_or(0),
             raft_index: metrics.last_log_index.unwrap_or(0),
             raft_term: metrics.current_term,
             raft_applied_index: self.node.sm.applied_index(),
@@ -557,14 +641,25 @@ impl PbMaintenanceService for Api {
         request: GrpcRequest<PbMoveLeaderRequest>,
     ) -> Result<GrpcResponse<PbMoveLeaderResponse>, Status> {
         self.require_root(request.metadata())?;
+        let deadline = request_deadline(&self.node, request.metadata());
         let target = request.into_inner().target_id;
+        // etcd's errors: only the leader moves leadership, and only to a voting member.
         if self.node.leader() != Some(self.node.id) {
-            return Err(Status::failed_precondition("etcdserver: not leader"));
+            return Err(Status::failed_precondition(NodeError::NotLeader(None).to_string()));
         }
         if !self.node.members().iter().any(|(i, _, voter)| *i == target && *voter) {
-            return Err(Status::not_found("etcdserver: bad leader transferee"));
+            return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
         }
-        self.node.raft.trigger().transfer_leader(target).await.map_err(|e| Status::unavailable(e.to_string()))?;
+        if target != self.node.id {
+            // Answered once the target leads, as etcd's MoveLeader is.
+            match self.node.transfer_leadership(target, deadline).await {
+                Ok(new) if new == target => {}
+                Ok(_) | Err(NodeError::NoLeader) | Err(NodeError::LeaderTransferTimeout) => {
+                    return Err(node_status(NodeError::LeaderTransferTimeout))
+                }
+                Err(e) => return Err(node_status(e)),
+            }
+        }
         Ok(GrpcResponse::new(PbMoveLeaderResponse { header: Some(self.header(0)) }))
     }
 
@@ -598,5 +693,25 @@ impl Fold {
     }
     fn finish(&self) -> u32 {
         (self.0 ^ (self.0 >> 32)) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_grpc_timeout;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_grpc_spec_says_and_bad_ones_are_ignored() {
+        assert_eq!(parse_grpc_timeout("1000m"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("99999999H"), Some(Duration::from_secs(99_999_999 * 3600)));
+        assert_eq!(parse_grpc_timeout("250u"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "12x", "-1S", "1.5S", "1é", "é"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
     }
 }

@@ -48,6 +48,8 @@ pub struct Server {
     /// How many client listeners have begun serving (see [`Server::ready`]).
     serving: tokio::sync::watch::Receiver<usize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The client listeners' tasks (also in `tasks`' place for `stop`).
+    listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -63,12 +65,13 @@ impl Server {
         let max = node.config.max_request_bytes + 64 * 1024;
         let mut client_addrs = Vec::new();
         let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
         // Like etcd, serve clients only once this member's name and client URLs are in the
         // replicated state (so MemberList shows every serving member's URLs); the listeners
         // are bound now so that the ports are this member's.
         let (published_tx, published_rx) = tokio::sync::watch::channel(false);
         let (serving_tx, serving) = tokio::sync::watch::channel(0usize);
-        let listeners = match listener::bind(&node.config.listen_client_urls, client_tls).await {
+        let bound_listeners = match listener::bind(&node.config.listen_client_urls, client_tls).await {
             Ok(l) => l,
             Err(e) => {
                 node.shutdown().await;
@@ -80,7 +83,7 @@ impl Server {
                 });
             }
         };
-        for bound in listeners {
+        for bound in bound_listeners {
             match bound.endpoint() {
                 Ok(listener::Endpoint::Tcp(addr)) => client_addrs.push(addr),
                 Ok(listener::Endpoint::Unix(_)) => {}
@@ -94,8 +97,14 @@ impl Server {
                 .tcp_nodelay(true)
                 .max_concurrent_streams(Some(node.config.max_concurrent_streams));
             let cert_auth = node.config.client_tls.client_cert_auth;
+            // clientv3's require-leader metadata is honoured on every RPC (`etcd_api`), and a
+            // verified client certificate names the user when no token does (`auth_api`).
+            let leader_check = Arc::clone(&node);
             let router = builder
-                .layer(tonic::service::InterceptorLayer::new(move |req| auth_api::cert_user(cert_auth, req)))
+                .layer(tonic::service::InterceptorLayer::new(move |req: tonic::Request<()>| {
+                    etcd_api::check_require_leader(&leader_check, req.metadata())?;
+                    auth_api::cert_user(cert_auth, req)
+                }))
                 .add_service(PbKvServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(PbClusterServer::new(api.clone()))
                 .add_service(PbMaintenanceServer::new(api.clone()))
@@ -108,14 +117,15 @@ impl Server {
             let stop = Arc::clone(&node);
             let mut ready = published_rx.clone();
             let serving_tx = serving_tx.clone();
-            tasks.push(tokio::spawn(async move {
+            listeners.push(tokio::spawn(async move {
                 tokio::select! {
                     _ = ready.wait_for(|p| *p) => {}
                     _ = stop.stopped() => return,
                 }
                 // The listener is bound, so connections made from here on are accepted.
                 serving_tx.send_modify(|n| *n += 1);
-                if let Err(e) = router.serve_with_incoming_shutdown(incoming, async move { stop.stopped().await }).await
+                if let Err(e) =
+                    router.serve_with_incoming_shutdown(incoming, async move { stop.clients_closed().await }).await
                 {
                     eprintln!("keel: client listener stopped: {e}");
                 }
@@ -127,7 +137,7 @@ impl Server {
             node.config.auto_compaction,
             node.config.auto_compaction_interval,
         )));
-        Ok(Server { node, client_addrs, serving, tasks })
+        Ok(Server { node, client_addrs, serving, tasks, listeners })
     }
 
     /// Resolves `true` once this member has published its name and client URLs and every
@@ -135,7 +145,7 @@ impl Server {
     /// if the member stops first.
     pub async fn ready(&self) -> bool {
         let mut serving = self.serving.clone();
-        let all = self.client_addrs.len();
+        let all = self.listeners.len();
         tokio::select! {
             r = serving.wait_for(|n| *n >= all) => r.is_ok(),
             _ = self.node.stopped() => false,
@@ -146,12 +156,34 @@ impl Server {
     /// finish), and waits until the member's stores are closed.
     pub async fn stop(self) {
         self.node.shutdown().await;
-        for t in self.tasks {
+        for t in self.tasks.into_iter().chain(self.listeners) {
             let abort = t.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), t).await.is_err() {
                 abort.abort();
             }
         }
+    }
+}
+
+impl Server {
+    /// Stops as etcd does on SIGTERM: a leader first hands leadership to the most caught-up
+    /// voter (at most `bound`); then client listeners stop taking requests and finish those
+    /// under way, and the member applies what its log holds (at most `bound` for both; Raft
+    /// runs meanwhile); then [`Server::stop`]. Returns the new leader if this member handed leadership over.
+    pub async fn stop_gracefully(mut self, bound: Duration) -> Option<u64> {
+        let new = self.node.hand_over(bound).await;
+        self.node.close_clients();
+        let deadline = tokio::time::Instant::now() + bound;
+        for t in std::mem::take(&mut self.listeners) {
+            let abort = t.abort_handle();
+            if tokio::time::timeout_at(deadline, t).await.is_err() {
+                abort.abort();
+            }
+        }
+        // Writes other members forwarded here are answered too, once applied.
+        self.node.settle(deadline).await;
+        self.stop().await;
+        new
     }
 }
 

@@ -452,6 +452,8 @@ pub enum PeerResponse {
     CurpPool(Vec<crate::curp::witness::Pooled>),
     /// A membership change the leader refused, typed (etcd's errors, `reconfig`).
     AdminRefused(crate::reconfig::MemberError),
+    /// The leader refused or failed a forwarded request, as the error the client gets.
+    Refused(crate::node::NodeError),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
@@ -573,6 +575,14 @@ impl PeerClient {
     }
 
     async fn call_inner(&mut self, req: &PeerRequest) -> Result<PeerResponse, CallError> {
+        // An idle connection the peer has closed (it restarted, or stopped) reads end-of-file
+        // at once: a request sent into it fails with an unknown outcome although the peer
+        // never saw it. Such a connection is replaced before anything is sent.
+        if let Some((r, _)) = self.conn.as_mut() {
+            if let Some(Ok([]) | Err(_)) = tokio::io::AsyncBufReadExt::fill_buf(r).now_or_never() {
+                self.conn = None;
+            }
+        }
         self.connect().await?;
         faults::pass(self.from, self.to, "request").await.map_err(CallError::Network)?;
         let Some((r, w)) = self.conn.as_mut() else { return Err(CallError::Timeout) };

@@ -24,15 +24,19 @@ use tokio::net::TcpListener;
 use crate::config::{is_https, ConfigError, ServeConfig};
 use crate::files;
 use crate::log_store::LogStore;
-use crate::network::{self, AdminRequest, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
+use crate::network::{self, AdminRequest, CallError, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
 use crate::state_machine::{Shared, StateMachine};
 use crate::tls::PeerTls;
 use crate::types::{Member, Raft, Request, Response, TypeConfig};
 
-/// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API.
-#[derive(Debug, Clone, thiserror::Error)]
+mod leadership;
+
+/// Errors of the write and read paths, mapped to etcd's gRPC statuses by the API. They travel
+/// between members as they are (a follower relays the leader's), never as text to match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum NodeError {
-    /// No leader is known (election in progress, or no quorum).
+    /// No live leader was known before the request's deadline (election in progress, or no
+    /// quorum); nothing was proposed.
     #[error("etcdserver: no leader")]
     NoLeader,
     /// The request was proposed but its fate is unknown (leader changed, timeout).
@@ -50,6 +54,9 @@ pub enum NodeError {
     /// A membership change the leader refused (etcd's errors, `reconfig`).
     #[error(transparent)]
     Member(#[from] crate::reconfig::MemberError),
+    /// A leadership transfer did not complete in time.
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    LeaderTransferTimeout,
 }
 
 /// Triggers a snapshot whenever [`crate::state_machine::snapshot_due`] says one is due,
@@ -137,6 +144,10 @@ pub struct Node {
     pub(crate) book: network::AddressBook,
     /// Set when this member found itself removed from the cluster and stopped.
     pub removed: std::sync::atomic::AtomicBool,
+    /// The leader this member reports and routes to (`leadership`).
+    live_leader: tokio::sync::watch::Sender<Option<u64>>,
+    /// Set when client listeners are to stop taking requests (a graceful stop's second step).
+    clients_closing: tokio::sync::watch::Sender<bool>,
 }
 
 fn io_cfg(dir: &Path, e: std::io::Error) -> ConfigError {
@@ -350,8 +361,15 @@ impl Node {
         let raft_config = Config {
             cluster_name: format!("{cluster_id:016x}"),
             heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
-            election_timeout_min: election_ms,
-            election_timeout_max: election_ms * 2,
+            // A follower campaigns once the leader's lease (openraft: `election_timeout_max`)
+            // has lapsed and then its own randomised timeout (`min..max`) has passed. With
+            // etcd's range (`--election-timeout` to twice it) that was 3 to 4 election timeouts
+            // after the leader's last heartbeat, where etcd campaigns after 1 to 2; half of it
+            // to all of it gives 1.5 to 2, and the lease stays one election timeout (the time
+            // an isolated leader keeps accepting writes, as etcd's CheckQuorum).
+            election_timeout_min: (election_ms / 2).max(config.heartbeat_interval.as_millis() as u64 + 1),
+            election_timeout_max: election_ms,
+            enable_pre_vote: Some(config.pre_vote),
             // Snapshots are triggered by `snapshot_policy` below: a count alone would export
             // the whole state every `snapshot_count` entries, whatever its size.
             snapshot_policy: SnapshotPolicy::Never,
@@ -406,7 +424,11 @@ impl Node {
             reach: Default::default(),
             book,
             removed: Default::default(),
+            live_leader: tokio::sync::watch::channel(None).0,
+            clients_closing: tokio::sync::watch::channel(false).0,
         });
+        // Keeps the live leader: openraft's, less one this member has lost touch with.
+        tokio::spawn(leadership::follow(Arc::clone(&node)));
         // The front learns which speculated commands this member appended as leader.
         let weak_node = Arc::downgrade(&node);
         node.log.set_on_append(Arc::new(move |items| {
@@ -500,6 +522,22 @@ impl Node {
         }
     }
 
+    /// Tells client listeners to stop taking requests and finish those under way; the member
+    /// itself keeps running.
+    pub fn close_clients(&self) {
+        self.clients_closing.send_replace(true);
+    }
+
+    /// Completes once client listeners are to close: [`Node::close_clients`] or the member
+    /// stopping.
+    pub async fn clients_closed(&self) {
+        let mut closing = self.clients_closing.subscribe();
+        tokio::select! {
+            _ = closing.wait_for(|c| *c) => {}
+            _ = self.stopped() => {}
+        }
+    }
+
     /// Completes once the member is stopping.
     pub async fn stopped(&self) {
         let mut rx = self.stopping.subscribe();
@@ -562,57 +600,55 @@ impl Node {
         self.sm.progress.lock().membership.membership().voter_ids().collect()
     }
 
-    /// Waits (bounded) for a leader to be known.
-    async fn wait_leader(&self) -> Result<u64, NodeError> {
-        let mut rx = self.raft.metrics();
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
-        loop {
-            if let Some(l) = rx.borrow_watched().current_leader {
-                return Ok(l);
-            }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(NodeError::Stopped),
-                Err(_) => return Err(NodeError::NoLeader),
-            }
-        }
-    }
-
     /// Sends `req` to the leader (which may be this member): a write, a read index or an
-    /// administrative change. Retries once the leader changes, within the request timeout.
-    pub(crate) async fn to_leader(&self, req: PeerRequest) -> Result<PeerResponse, NodeError> {
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
+    /// administrative change. Waits for a live leader and follows leader changes until
+    /// `deadline`; `NoLeader` if none was found by then. A write whose answer was lost after it
+    /// was sent fails with `Timeout` (its fate is unknown); one that never left this member
+    /// is retried.
+    pub(crate) async fn to_leader_until(
+        &self,
+        req: PeerRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<PeerResponse, NodeError> {
         let mut last_err = NodeError::NoLeader;
         while tokio::time::Instant::now() < deadline {
-            let leader = match self.wait_leader().await {
-                Ok(l) => l,
-                Err(e) => return Err(e),
-            };
+            let leader = self.wait_live_leader(deadline).await?;
             let resp = if leader == self.id {
                 self.handle_local(&req).await
             } else {
                 let Some(mut peer) = self.take_peer(leader) else { return Err(NodeError::NoLeader) };
-                let result = peer.call(&req, self.request_timeout).await;
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let result = peer.call(&req, left).await;
                 self.put_peer(leader, peer);
                 match result {
                     Ok(r) => r,
+                    Err(CallError::Unreachable(_)) => {
+                        // Not sent: the leader may be gone; wait for the next one.
+                        self.wait_leader_change(Some(leader), deadline.min(retry_at(50))).await;
+                        continue;
+                    }
                     Err(e) => {
-                        // A write whose answer was lost may still commit: its fate is unknown.
                         if matches!(req, PeerRequest::Forward(_)) {
                             return Err(NodeError::Timeout);
                         }
                         last_err = NodeError::Other(e.to_string());
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::time::sleep_until(deadline.min(retry_at(50))).await;
                         continue;
                     }
                 }
             };
             match resp {
                 PeerResponse::NotLeader(_) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // The member asked no longer leads (or is handing over): wait until this
+                    // member learns of another leader (within an election timeout: it may also
+                    // be elected again), then ask again. Not asked again at once: a member that
+                    // handed leadership over is about to stop, and a write sent to it as it
+                    // closes its connections would end with an unknown outcome.
+                    let until = deadline.min(tokio::time::Instant::now() + self.config.election_timeout);
+                    self.wait_leader_change(Some(leader), until).await;
                     last_err = NodeError::NoLeader;
                 }
-                PeerResponse::Error(e) if e == NodeError::Timeout.to_string() => return Err(NodeError::Timeout),
+                PeerResponse::Refused(e) => return Err(e),
                 PeerResponse::Error(e) => return Err(NodeError::Other(e)),
                 other => return Ok(other),
             }
@@ -620,9 +656,24 @@ impl Node {
         Err(last_err)
     }
 
+    /// [`Node::to_leader_until`] within the request timeout.
+    pub(crate) async fn to_leader(&self, req: PeerRequest) -> Result<PeerResponse, NodeError> {
+        self.to_leader_until(req, self.default_deadline()).await
+    }
+
+    /// The deadline of a request that gives none: the request timeout from now.
+    pub(crate) fn default_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.request_timeout
+    }
+
     /// Proposes a write and returns what applying it produced.
     pub async fn write(&self, req: Request) -> Result<Response, NodeError> {
-        match self.to_leader(PeerRequest::Forward(req)).await? {
+        self.write_until(req, self.default_deadline()).await
+    }
+
+    /// [`Node::write`], waiting for a leader at most until `deadline`.
+    pub async fn write_until(&self, req: Request, deadline: tokio::time::Instant) -> Result<Response, NodeError> {
+        match self.to_leader_until(PeerRequest::Forward(req), deadline).await? {
             PeerResponse::Forward(r) => Ok(r),
             other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
         }
@@ -632,10 +683,16 @@ impl Node {
     /// index comes from a round shared with the other reads waiting on this member, one that
     /// started after this read arrived (`rounds`).
     pub async fn read_barrier(&self) -> Result<(), NodeError> {
+        self.read_barrier_until(self.default_deadline()).await
+    }
+
+    /// [`Node::read_barrier`], waiting for a leader at most until `deadline` (a round joined
+    /// may have started with a later one).
+    pub async fn read_barrier_until(&self, deadline: tokio::time::Instant) -> Result<(), NodeError> {
         let node = self.me.upgrade().ok_or(NodeError::Stopped)?;
         let round = move || {
             let node = Arc::clone(&node);
-            async move { node.fetch_read_index().await }
+            async move { node.fetch_read_index(deadline).await }
         };
         let index = self.read_rounds.join(round).await.ok_or(NodeError::Stopped)??;
         let mut rx = self.sm.applied_tx.subscribe();
@@ -648,8 +705,8 @@ impl Node {
     }
 
     /// One read-index round: the leader's read index, fetched now.
-    async fn fetch_read_index(&self) -> Result<u64, NodeError> {
-        match self.to_leader(PeerRequest::ReadIndex).await? {
+    async fn fetch_read_index(&self, deadline: tokio::time::Instant) -> Result<u64, NodeError> {
+        match self.to_leader_until(PeerRequest::ReadIndex, deadline).await? {
             PeerResponse::ReadIndex(i) => Ok(i),
             other => Err(NodeError::Other(format!("unexpected answer {other:?}"))),
         }
@@ -682,8 +739,9 @@ impl Node {
             return Err(NodeError::NotLeader(leader));
         }
         if !self.front.wait_open(term, self.request_timeout).await {
+            // Nothing was submitted: the leader is not ready (or no longer leads).
             return Err(if self.leader() == Some(self.id) {
-                NodeError::Timeout
+                NodeError::NoLeader
             } else {
                 NodeError::NotLeader(self.leader())
             });
@@ -699,7 +757,7 @@ impl Node {
             && (!self.front.wait_open(term, self.request_timeout).await
                 || !self.front.wait_speculative(None, self.request_timeout).await)
         {
-            return Err(PeerResponse::Error(NodeError::Timeout.to_string()));
+            return Err(PeerResponse::Refused(NodeError::NoLeader));
         }
         match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
             Ok(read) => Ok(read.log_id().index),
@@ -717,11 +775,11 @@ impl Node {
                 Ok(submitted) => match submitted.applied.await {
                     Ok(Ok(resp)) => PeerResponse::Forward(resp),
                     Ok(Err(NodeError::NotLeader(l))) => PeerResponse::NotLeader(l),
-                    Ok(Err(e)) => PeerResponse::Error(e.to_string()),
-                    Err(_) => PeerResponse::Error(NodeError::Timeout.to_string()),
+                    Ok(Err(e)) => PeerResponse::Refused(e),
+                    Err(_) => PeerResponse::Refused(NodeError::Timeout),
                 },
                 Err(NodeError::NotLeader(l)) => PeerResponse::NotLeader(l),
-                Err(e) => PeerResponse::Error(e.to_string()),
+                Err(e) => PeerResponse::Refused(e),
             },
             PeerRequest::ReadIndex => match self.leader_read_index().await {
                 Ok(index) => PeerResponse::ReadIndex(index),
@@ -833,6 +891,11 @@ impl PeerHandler for Node {
             }
         }
     }
+}
+
+/// `ms` milliseconds from now: when a request that found no leader looks again at the latest.
+fn retry_at(ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_millis(ms)
 }
 
 async fn accept_peers(listener: TcpListener, node: Arc<Node>, https: bool) {

@@ -81,6 +81,10 @@ impl PbWatchService for WatchService {
         // read permission on its range (etcd checks at create, as here).
         let state = Arc::clone(&self.node.sm.auth.read());
         let (auth, user) = crate::auth_api::caller_in(state, request.metadata())?;
+        // A require-leader stream (clientv3's `WithRequireLeader`) is refused without a leader
+        // and ended with `no leader` when this member loses its leader, as etcd's are.
+        crate::etcd_api::check_require_leader(&self.node, request.metadata())?;
+        let require_leader = crate::etcd_api::requires_leader(request.metadata());
         let requests = request.into_inner();
         let Some((id, inbox, victims)) = self.hub.open_stream(INBOX_DELIVERIES) else {
             return Err(Status::unavailable("etcdserver: server stopped"));
@@ -101,6 +105,7 @@ impl PbWatchService for WatchService {
             seen_rev: 0,
             auth,
             user,
+            require_leader,
         };
         tokio::spawn(session.run(requests));
         Ok(GrpcResponse::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx))))
@@ -162,6 +167,8 @@ struct Session {
     /// The auth state when the stream opened and its user (`None` while auth is off).
     auth: Arc<crate::auth::AuthState>,
     user: Option<String>,
+    /// The stream ends once this member has no live leader.
+    require_leader: bool,
 }
 
 impl Session {
@@ -170,6 +177,21 @@ impl Session {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopping = self.node.stopping.subscribe();
+        // A require-leader stream ends when its member has lost its leader: watched by a task
+        // of its own, so that the loop's other steps do not restart its clock.
+        let (lost_tx, mut lost) = tokio::sync::oneshot::channel::<()>();
+        if self.require_leader {
+            let node = Arc::clone(&self.node);
+            tokio::spawn(async move {
+                let mut lost_tx = lost_tx;
+                tokio::select! {
+                    _ = node.leader_lost() => {
+                        let _ = lost_tx.send(());
+                    }
+                    _ = lost_tx.closed() => {}
+                }
+            });
+        }
         let mut waiting = false;
         loop {
             let behind = self.watchers.values().any(|w| w.behind.is_some());
@@ -180,6 +202,10 @@ impl Session {
                     // A status clients retry elsewhere (clientv3 resumes a watch on
                     // Unavailable); a bare end of stream reaches the application as EOF.
                     let _ = self.out.send(Err(Status::unavailable("etcdserver: server stopped"))).await;
+                    Step::Stop
+                }
+                _ = &mut lost, if self.require_leader => {
+                    let _ = self.out.send(Err(crate::etcd_api::no_leader())).await;
                     Step::Stop
                 }
                 r = requests.message() => match r {
