@@ -311,7 +311,8 @@ async fn ask_when_leaderless(node: Arc<Node>) {
             _ = tokio::time::sleep(node.config.election_timeout) => {}
             _ = node.stopped() => return,
         }
-        if node.leader().is_some() {
+        // The live leader (`leadership`): openraft keeps naming a leader it no longer hears from.
+        if node.live_leader().is_some() {
             leaderless_since = None;
             continue;
         }
