@@ -240,7 +240,7 @@ fn refused_and_unknown_flags_stop_the_start_naming_the_flag() {
         (&["serve", "--quota-backend-bytes=8589934592"][..], "--quota-backend-bytes"),
         (&["serve", "--force-new-cluster=true"], "--force-new-cluster"),
         (&["serve", "-auth-token", "jwt,pub-key=p,priv-key=k,sign-method=RS256"], "--auth-token"),
-        (&["serve", "--strict-reconfig-check"], "--strict-reconfig-check"),
+        (&["serve", "--max-learners=2"], "--max-learners"),
     ] {
         let out = run(keel(), args);
         let err = String::from_utf8_lossy(&out.stderr);
