@@ -325,17 +325,28 @@ async fn a_verified_certificate_common_name_is_the_user_when_no_token_is_sent() 
         .connect()
         .await
         .unwrap();
+    let spoofed = raw_range(channel, b"secret", Some("root")).await.unwrap_err();
+    assert_eq!(spoofed.code(), tonic::Code::PermissionDenied);
+    stop_all(servers).await;
+}
+
+/// A Range of `key` over `channel` as a raw gRPC call, claiming the internal certificate-user
+/// metadata key when `claimed_user` is given (as a spoofing client would).
+async fn raw_range(
+    channel: tonic::transport::Channel,
+    key: &[u8],
+    claimed_user: Option<&str>,
+) -> Result<etcd_client::proto::PbRangeResponse, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
-    let mut request =
-        tonic::Request::new(etcd_client::proto::PbRangeRequest { key: b"secret".to_vec(), ..Default::default() });
-    request.metadata_mut().insert(keel_cluster::auth_api::CERT_USER, "root".parse().unwrap());
+    let mut request = tonic::Request::new(etcd_client::proto::PbRangeRequest { key: key.to_vec(), ..Default::default() });
+    if let Some(user) = claimed_user {
+        request.metadata_mut().insert(keel_cluster::auth_api::CERT_USER, user.parse().unwrap());
+    }
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
     let codec =
         tonic_prost::ProstCodec::<etcd_client::proto::PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
-    let spoofed = grpc.unary(request, path, codec).await.unwrap_err();
-    assert_eq!(spoofed.code(), tonic::Code::PermissionDenied);
-    stop_all(servers).await;
+    grpc.unary(request, path, codec).await.map(tonic::Response::into_inner)
 }
 
 /// etcd's `--client-crl-file`: a client whose certificate the list revokes is refused at the
@@ -387,14 +398,7 @@ async fn one_port_serves_http_and_https_and_a_unix_socket_serves_too() {
         }))
         .await
         .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let request =
-        tonic::Request::new(etcd_client::proto::PbRangeRequest { key: b"over-plain".to_vec(), ..Default::default() });
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
-    let codec =
-        tonic_prost::ProstCodec::<etcd_client::proto::PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
-    let got = grpc.unary(request, path, codec).await.unwrap().into_inner();
+    let got = raw_range(channel, b"over-plain", None).await.unwrap();
     assert_eq!(got.kvs.len(), 1);
     stop_all(servers).await;
 }
