@@ -339,7 +339,8 @@ async fn raw_range(
 ) -> Result<etcd_client::proto::PbRangeResponse, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
-    let mut request = tonic::Request::new(etcd_client::proto::PbRangeRequest { key: key.to_vec(), ..Default::default() });
+    let mut request =
+        tonic::Request::new(etcd_client::proto::PbRangeRequest { key: key.to_vec(), ..Default::default() });
     if let Some(user) = claimed_user {
         request.metadata_mut().insert(keel_cluster::auth_api::CERT_USER, user.parse().unwrap());
     }
