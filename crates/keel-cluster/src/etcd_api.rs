@@ -25,7 +25,7 @@ pub const HISTORY_CHANGES: &str = "keel-history-changes";
 pub const COMPACT_REVISION: &str = "keel-compact-revision";
 
 /// etcd's version string, reported by `Status` (clients check it).
-pub const ETCD_VERSION: &str = "3.6.0";
+pub const ETCD_VERSION: &str = "3.6.16";
 
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
