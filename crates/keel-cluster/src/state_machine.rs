@@ -235,7 +235,7 @@ impl Shared {
     /// The engine timestamp of the newest commit at or before `revision`: the change feed after
     /// it holds every revision above `revision` (a watcher's catch-up starts there). `Err` with
     /// the oldest revision whose changes the feed still holds when `revision` is older than the
-    /// history kept (compacted, or before this member's restart or last snapshot install).
+    /// history kept (compacted, or before this member's last snapshot install; a restart keeps it).
     pub fn revision_ts(&self, revision: i64) -> Result<u64, i64> {
         let p = self.progress.lock();
         let first = p.revs.front().map_or(p.revision, |r| r.0);
