@@ -490,7 +490,7 @@ impl Database {
         self.inner
             .published()
             .history
-            .since(after, max)
+            .since(after, latest, max)
             .map_err(|start| Error::Compacted { requested: after, available: start })
     }
 

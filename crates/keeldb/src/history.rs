@@ -137,15 +137,18 @@ impl History {
         feed.start = ts;
     }
 
-    /// Up to `max` changes of commits after `after` (whole commits only, unless one commit alone
-    /// has more than `max`), or the feed's start when `after` is older than it.
-    pub fn since(&self, after: u64, max: usize) -> std::result::Result<Vec<Change>, u64> {
+    /// Up to `max` changes of commits after `after` and at most `upto` (whole commits only,
+    /// unless one commit alone has more than `max`), or the feed's start when `after` is older
+    /// than it. A batch is recorded here before it becomes visible to readers; a caller passes
+    /// the visible timestamp as `upto`, so nothing it hands on is newer than what a read sees.
+    pub fn since(&self, after: u64, upto: u64, max: usize) -> std::result::Result<Vec<Change>, u64> {
         let feed = self.feed.lock();
         if !self.is_recording() || after < feed.start {
             return Err(feed.start);
         }
         let first = feed.changes.partition_point(|c| c.ts <= after);
-        let mut out: Vec<Change> = feed.changes.range(first..).take(max.max(1)).cloned().collect();
+        let mut out: Vec<Change> =
+            feed.changes.range(first..).take_while(|c| c.ts <= upto).take(max.max(1)).cloned().collect();
         // Do not end in the middle of a commit when a whole one fits.
         if out.len() == max.max(1) {
             if let Some(last_ts) = feed.changes.get(first + out.len()).map(|c| c.ts) {
@@ -194,5 +197,30 @@ impl History {
             }
             self.blocking.wait_until(&mut guard, deadline);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn put(ts: u64, key: &[u8]) -> Change {
+        Change { ts, table: Arc::from("t"), key: key.to_vec(), kind: ChangeKind::Put(b"v".to_vec()) }
+    }
+
+    /// Publication records a batch before it makes it visible: a reader of the feed must not be
+    /// handed a commit a read at the visible timestamp cannot see yet (a watch event above the
+    /// header of a later read on the same member).
+    #[test]
+    fn since_stops_at_the_visible_timestamp() {
+        let h = History::default();
+        h.start(0);
+        h.record([put(1, b"a"), put(2, b"b"), put(2, b"c"), put(3, b"d")].into_iter());
+        let upto_2: Vec<u64> = h.since(0, 2, 10).unwrap().iter().map(|c| c.ts).collect();
+        assert_eq!(upto_2, vec![1, 2, 2]);
+        assert!(h.since(2, 2, 10).unwrap().is_empty());
+        let all: Vec<u64> = h.since(0, 3, 10).unwrap().iter().map(|c| c.ts).collect();
+        assert_eq!(all, vec![1, 2, 2, 3]);
     }
 }

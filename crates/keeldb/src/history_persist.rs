@@ -83,7 +83,7 @@ fn changes_through(view: &Published, floor: u64, snap: u64) -> Option<Vec<Change
     let mut after = floor;
     let mut max = FEED_PAGE;
     while after < snap {
-        let page = view.history.since(after, max).ok()?;
+        let page = view.history.since(after, snap, max).ok()?;
         let (Some(first), Some(last)) = (page.first().map(|c| c.ts), page.last().map(|c| c.ts)) else { break };
         if page.len() >= max && first == last {
             // One commit alone fills the page, which may hold only part of it: read it whole.

@@ -153,6 +153,18 @@ pub(crate) struct Version {
     pub older: Option<Box<Version>>,
 }
 
+/// A chain of versions goes one link at a time: the derived drop would recurse once per
+/// version, and a key with history keeps thousands of them (a table dropped by a snapshot
+/// install overflowed a runtime worker's stack that way).
+impl Drop for Version {
+    fn drop(&mut self) {
+        let mut next = self.older.take();
+        while let Some(mut v) = next {
+            next = v.older.take();
+        }
+    }
+}
+
 /// Drops `v` and every older version, giving their values back to `values`.
 fn free_chain(values: &mut ValueArena, v: Version) {
     let mut next = Some(v);
@@ -1719,5 +1731,23 @@ mod tests {
                 assert_eq!(ka == kb, a == b, "{a:?} vs {b:?}");
             }
         }
+    }
+
+    /// A million versions of one key dropped on a 256 KiB stack: the derived, recursive drop
+    /// overflows it.
+    #[test]
+    fn a_long_version_chain_drops_without_recursion() {
+        let dropped = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(|| {
+                let mut chain: Option<Box<Version>> = None;
+                for ts in 0..1_000_000u64 {
+                    chain = Some(Box::new(Version { ts, value: None, older: chain }));
+                }
+                drop(chain);
+            })
+            .unwrap()
+            .join();
+        assert!(dropped.is_ok());
     }
 }
