@@ -362,12 +362,6 @@ impl ServeConfig {
             }
             for u in urls {
                 check_url(flag, u)?;
-                if is_unix(u) && flag.contains("peer") {
-                    return Err(ConfigError::Invalid {
-                        flag,
-                        why: format!("{u:?}: KeelDB's peer links run over TCP (unix sockets serve clients only)"),
-                    });
-                }
             }
         }
         let mine = self.initial_cluster.get(&self.name).ok_or_else(|| ConfigError::Invalid {
@@ -513,8 +507,11 @@ mod tests {
         c.peer_tls.allowed_hostnames = vec!["b".into()];
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--peer-cert-allowed-cn", .. })));
         c.peer_tls.allowed_hostnames.clear();
-        c.listen_peer_urls = vec!["unix://peer.sock".into()];
-        assert!(matches!(c.validate(), Err(ConfigError::Invalid { flag: "--listen-peer-urls", .. })));
+        // Peer links run over Unix sockets too, as etcd's (`unix://host:port` names a file).
+        c.listen_peer_urls = vec!["unix://localhost:20001".into()];
+        c.initial_advertise_peer_urls = c.listen_peer_urls.clone();
+        c.initial_cluster.insert(c.name.clone(), c.listen_peer_urls.clone());
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
     }
 
     #[test]

@@ -19,7 +19,6 @@ use openraft::base::BoxStream;
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use openraft::{Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
 
 use crate::config::{is_https, ConfigError, ServeConfig};
 use crate::files;
@@ -443,9 +442,9 @@ impl Node {
         // when this member becomes leader, then opens it.
         tokio::spawn(crate::curp::takeover::run(Arc::clone(&node)));
         for url in &node.config.listen_peer_urls {
-            let addr = network::url_addr(url);
-            let listener =
-                TcpListener::bind(&addr).await.map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
+            let listener = crate::tls::PeerListener::bind(url)
+                .await
+                .map_err(|e| StartError::Listen { url: url.clone(), source: e })?;
             tokio::spawn(accept_peers(listener, Arc::clone(&node), is_https(url)));
         }
         // A storage error stops Raft on this member for good: say so, once, and stop the
@@ -898,14 +897,14 @@ fn retry_at(ms: u64) -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_millis(ms)
 }
 
-async fn accept_peers(listener: TcpListener, node: Arc<Node>, https: bool) {
+async fn accept_peers(listener: crate::tls::PeerListener, node: Arc<Node>, https: bool) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = node.stopped() => return,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok(stream) => {
                 let node = Arc::clone(&node);
                 tokio::spawn(async move {
                     let (cluster_id, me) = (node.cluster_id, node.id);

@@ -20,7 +20,7 @@ use std::time::Duration;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use tokio_rustls::rustls::crypto::{ring, verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -31,7 +31,7 @@ use tokio_rustls::rustls::{
 };
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::config::{is_https, ConfigError, TlsFiles, TlsFlags, CLIENT_TLS_FLAGS, PEER_TLS_FLAGS};
+use crate::config::{is_https, is_unix, ConfigError, TlsFiles, TlsFlags, CLIENT_TLS_FLAGS, PEER_TLS_FLAGS};
 use crate::network::url_addr;
 
 /// Longest a TLS handshake may take, on either side, before the connection is dropped.
@@ -377,30 +377,52 @@ impl PeerTls {
     }
 
     /// Completes an accepted peer connection: TLS (bounded by [`HANDSHAKE_TIMEOUT`]) when
-    /// the listener's URL is https, the plain socket otherwise.
-    pub async fn accept(&self, stream: TcpStream, https: bool) -> io::Result<PeerStream> {
-        stream.set_nodelay(true)?;
+    /// the listener's URL is https (or unixs), the plain socket otherwise.
+    pub async fn accept(&self, stream: RawPeer, https: bool) -> io::Result<PeerStream> {
+        if let RawPeer::Tcp(s) = &stream {
+            s.set_nodelay(true)?;
+        }
         if !https {
-            return Ok(PeerStream::Plain(stream));
+            return Ok(match stream {
+                RawPeer::Tcp(s) => PeerStream::Plain(s),
+                RawPeer::Unix(s) => PeerStream::Unix(s),
+            });
         }
         let Some(acceptor) = &self.acceptor else {
             return Err(io::Error::other("https peer listener without --peer-cert-file"));
         };
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake failed: {e}")))?;
-        Ok(PeerStream::Tls(Box::new(tls.into())))
+        let timed_out = |_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out");
+        let failed = |e: io::Error| io::Error::new(e.kind(), format!("peer TLS handshake failed: {e}"));
+        Ok(match stream {
+            RawPeer::Tcp(s) => {
+                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await.map_err(timed_out)?;
+                PeerStream::Tls(Box::new(tls.map_err(failed)?.into()))
+            }
+            RawPeer::Unix(s) => {
+                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await.map_err(timed_out)?;
+                PeerStream::UnixTls(Box::new(tls.map_err(failed)?.into()))
+            }
+        })
     }
 
     /// Dials a member's peer URL: TLS (bounded by [`HANDSHAKE_TIMEOUT`], the server's
-    /// certificate checked against the URL's host) for https, plain TCP for http.
+    /// certificate checked against the URL's host) for https and unixs, plain TCP for http and
+    /// a plain Unix socket for unix (its file is the URL's `host:port` part, as etcd names it).
     pub async fn connect(&self, url: &str) -> io::Result<PeerStream> {
         let addr = url_addr(url);
-        let stream = TcpStream::connect(&addr).await?;
-        stream.set_nodelay(true)?;
+        let unix = is_unix(url);
+        let raw = if unix {
+            RawPeer::Unix(UnixStream::connect(&addr).await?)
+        } else {
+            let stream = TcpStream::connect(&addr).await?;
+            stream.set_nodelay(true)?;
+            RawPeer::Tcp(stream)
+        };
         if !is_https(url) {
-            return Ok(PeerStream::Plain(stream));
+            return Ok(match raw {
+                RawPeer::Tcp(s) => PeerStream::Plain(s),
+                RawPeer::Unix(s) => PeerStream::Unix(s),
+            });
         }
         let Some(connector) = &self.connector else {
             return Err(io::Error::other(format!(
@@ -411,11 +433,20 @@ impl PeerTls {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("peer URL {url}: {e}")))?;
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, stream))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake with {url} failed: {e}")))?;
-        Ok(PeerStream::Tls(Box::new(tls.into())))
+        let timed_out = |_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out");
+        let failed = |e: io::Error| io::Error::new(e.kind(), format!("peer TLS handshake with {url} failed: {e}"));
+        Ok(match raw {
+            RawPeer::Tcp(s) => {
+                let tls =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, s)).await.map_err(timed_out)?;
+                PeerStream::Tls(Box::new(tls.map_err(failed)?.into()))
+            }
+            RawPeer::Unix(s) => {
+                let tls =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, s)).await.map_err(timed_out)?;
+                PeerStream::UnixTls(Box::new(tls.map_err(failed)?.into()))
+            }
+        })
     }
 }
 
@@ -512,27 +543,77 @@ fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     file.sync_all()
 }
 
-/// A peer connection, plain or TLS.
+/// A peer connection, plain or TLS, over TCP or a Unix socket.
 pub enum PeerStream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+    Unix(UnixStream),
+    UnixTls(Box<tokio_rustls::TlsStream<UnixStream>>),
+}
+
+/// An accepted peer socket before its handshake.
+pub enum RawPeer {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// A bound peer listener: TCP for http/https URLs, a Unix socket for unix/unixs URLs.
+pub enum PeerListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl PeerListener {
+    /// Binds a listen-peer URL. A Unix socket file left by an earlier run is replaced, as etcd
+    /// does (its name is the URL's `host:port` part, relative to the working directory).
+    pub async fn bind(url: &str) -> io::Result<PeerListener> {
+        let addr = url_addr(url);
+        if is_unix(url) {
+            let path = Path::new(&addr);
+            if path.exists() {
+                let _ = std::fs::remove_file(path);
+            }
+            return Ok(PeerListener::Unix(UnixListener::bind(path)?));
+        }
+        Ok(PeerListener::Tcp(TcpListener::bind(&addr).await?))
+    }
+
+    /// The next connection.
+    pub async fn accept(&self) -> io::Result<RawPeer> {
+        match self {
+            PeerListener::Tcp(l) => Ok(RawPeer::Tcp(l.accept().await?.0)),
+            PeerListener::Unix(l) => Ok(RawPeer::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+/// `$body` with `$s` bound to the stream inside whichever variant `$stream` is.
+macro_rules! each_stream {
+    ($stream:expr, $s:ident => $body:expr) => {
+        match $stream {
+            PeerStream::Plain($s) => $body,
+            PeerStream::Tls($s) => {
+                let $s = $s.as_mut();
+                $body
+            }
+            PeerStream::Unix($s) => $body,
+            PeerStream::UnixTls($s) => {
+                let $s = $s.as_mut();
+                $body
+            }
+        }
+    };
 }
 
 impl AsyncRead for PeerStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        each_stream!(self.get_mut(), s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for PeerStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        each_stream!(self.get_mut(), s => Pin::new(s).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -540,31 +621,24 @@ impl AsyncWrite for PeerStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        each_stream!(self.get_mut(), s => Pin::new(s).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             PeerStream::Plain(s) => s.is_write_vectored(),
             PeerStream::Tls(s) => s.is_write_vectored(),
+            PeerStream::Unix(s) => s.is_write_vectored(),
+            PeerStream::UnixTls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        each_stream!(self.get_mut(), s => Pin::new(s).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            PeerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        each_stream!(self.get_mut(), s => Pin::new(s).poll_shutdown(cx))
     }
 }
 

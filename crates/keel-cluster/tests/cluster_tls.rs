@@ -404,6 +404,35 @@ async fn one_port_serves_http_and_https_and_a_unix_socket_serves_too() {
     stop_all(servers).await;
 }
 
+/// Peer links over Unix sockets (`unix://` peer URLs, as etcd's test framework uses): three
+/// members elect a leader and replicate a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_replicate_over_unix_socket_peer_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = base_ip(12);
+    let names = ["u1", "u2", "u3"];
+    let peer = |n: usize| format!("unix://{}", dir.path().join(format!("{}.peer", names[n])).display());
+    let mut servers = Vec::new();
+    for i in 0..names.len() {
+        let mut cfg = common::member_config(dir.path(), "http", &ip, (24810, 24820), &names, i, "unix-peers");
+        cfg.listen_peer_urls = vec![peer(i)];
+        cfg.initial_advertise_peer_urls = vec![peer(i)];
+        cfg.initial_cluster = names.iter().enumerate().map(|(n, name)| (name.to_string(), vec![peer(n)])).collect();
+        servers.push(Server::start(cfg).await.unwrap());
+    }
+    wait_leader(&servers).await;
+    let urls: Vec<String> = (0..names.len()).map(|i| format!("http://{ip}:{}", 24810 + i)).collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut first = Client::connect([urls[0].clone()], None).await.unwrap();
+    while first.put("over-unix", "v", None).await.is_err() {
+        assert!(Instant::now() < deadline, "no write over unix peer links");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut last = Client::connect([urls[2].clone()], None).await.unwrap();
+    assert_eq!(last.get("over-unix", None).await.unwrap().count(), 1);
+    stop_all(servers).await;
+}
+
 /// Sends a hello and a read-index request over `stream`; the answer, or why there was none.
 async fn ask_read_index<S>(stream: S, cluster_id: u64, to: u64) -> Result<PeerResponse, String>
 where
