@@ -207,7 +207,11 @@ pub fn stored_keys(txn: &keeldb::ReadTxn, id: i64) -> Result<Vec<Vec<u8>>, Apply
 
 struct Held {
     ttl: i64,
+    /// When the lease expires (a keep-alive moves it).
     deadline: Instant,
+    /// Past the deadline, when its revoke may be proposed again: kept apart from the
+    /// deadline, so TimeToLive still reports an expired lease as expired, as etcd does.
+    retry_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -280,8 +284,10 @@ impl Lessor {
         s.primary = true;
         s.term = term;
         let now = Instant::now();
-        s.leases =
-            load().into_iter().map(|(id, ttl)| (id, Held { ttl, deadline: deadline(now + extend, ttl) })).collect();
+        s.leases = load()
+            .into_iter()
+            .map(|(id, ttl)| (id, Held { ttl, deadline: deadline(now + extend, ttl), retry_at: None }))
+            .collect();
     }
 
     /// Stops holding deadlines (leadership lost).
@@ -300,7 +306,7 @@ impl Lessor {
     pub fn granted(&self, id: i64, ttl: i64) {
         let mut s = self.state.lock();
         if s.primary {
-            s.leases.entry(id).or_insert(Held { ttl, deadline: deadline(Instant::now(), ttl) });
+            s.leases.entry(id).or_insert(Held { ttl, deadline: deadline(Instant::now(), ttl), retry_at: None });
         }
     }
 
@@ -333,7 +339,7 @@ impl Lessor {
             return None;
         }
         let now = Instant::now();
-        Some(s.leases.get(&id).map(|h| (h.deadline.saturating_duration_since(now).as_secs() as i64, h.ttl)))
+        Some(s.leases.get(&id).map(|h| (remaining_secs(h.deadline, now), h.ttl)))
     }
 
     /// Up to `limit` leases past their deadline; each gets `REVOKE_RETRY` more before it is
@@ -349,12 +355,22 @@ impl Lessor {
             if out.len() >= limit {
                 break;
             }
-            if h.deadline <= now {
-                h.deadline = now + REVOKE_RETRY;
+            if h.deadline <= now && h.retry_at.is_none_or(|r| r <= now) {
+                h.retry_at = Some(now + REVOKE_RETRY);
                 out.push(*id);
             }
         }
         out
+    }
+}
+
+/// Whole seconds from `now` to `deadline`, truncated toward zero and negative once it has
+/// passed (etcd's `int64(Remaining().Seconds())`): an expired lease whose revoke is under way
+/// reports 0 or less, never a fresh TTL.
+fn remaining_secs(deadline: Instant, now: Instant) -> i64 {
+    match deadline.checked_duration_since(now) {
+        Some(left) => left.as_secs() as i64,
+        None => -(now.duration_since(deadline).as_secs() as i64),
     }
 }
 
@@ -758,6 +774,11 @@ mod tests {
         assert_eq!(l.expired(10), vec![3]);
         assert_eq!(l.expired(10), Vec::<i64>::new(), "a proposed revoke is not proposed again at once");
         assert_eq!(l.renew(3), Some(0), "an expired lease is not renewed");
+        let (left, _) = l.standing(3).unwrap().unwrap();
+        assert!(left <= 0, "an expired lease whose revoke is under way reports no time left, got {left}");
+        assert_eq!(remaining_secs(Instant::now() + Duration::from_millis(1500), Instant::now()), 1);
+        let past = Instant::now();
+        assert_eq!(remaining_secs(past, past + Duration::from_millis(2500)), -2, "etcd truncates toward zero");
         l.revoked(3);
         assert_eq!(l.standing(3), Some(None));
         // The revoke rate: at most `limit` per call; the rest stay due for the next tick.
