@@ -158,10 +158,13 @@ impl Node {
         }
     }
 
-    /// The voter (other than this member) that has the most of this leader's log, preferring
-    /// those that acknowledged recently; `None` when this member does not lead or has no other
-    /// voter.
-    pub(crate) fn handover_target(&self) -> Option<u64> {
+    /// The voter (other than this member) to hand leadership to: one that acknowledged within
+    /// an election timeout, holding the most of this leader's log; `None` when this member does
+    /// not lead or no other voter acknowledged lately. With it, whether that voter holds the
+    /// whole log (openraft's target ignores a transfer until it does, and meanwhile the leader
+    /// sends no heartbeats, so the other voters time out and elect: a second term, and a
+    /// leader nobody chose).
+    pub(crate) fn handover_target(&self) -> Option<(u64, bool)> {
         let m = self.raft.metrics().borrow_watched().clone();
         if m.current_leader != Some(self.id) {
             return None;
@@ -169,10 +172,36 @@ impl Node {
         let lease = self.config.election_timeout;
         let replication = m.replication.unwrap_or_default();
         let heartbeat = m.heartbeat.unwrap_or_default();
-        self.voters().into_iter().filter(|id| *id != self.id).max_by_key(|id| {
-            let recent = heartbeat.get(id).and_then(|t| t.as_ref()).is_some_and(|t| t.elapsed() < lease);
-            (recent, replication.get(id).copied().flatten().map(|l| l.index))
-        })
+        let last = m.last_log_index.unwrap_or(0);
+        // Among those, the caught-up one heard from last: a member that stopped a moment ago
+        // (the previous leader, still acknowledging while it settled) has an older answer than
+        // every live one, which answer each heartbeat.
+        self.voters()
+            .into_iter()
+            .filter(|id| *id != self.id)
+            .filter_map(|id| {
+                let acked = heartbeat.get(&id).copied().flatten().filter(|t| t.elapsed() < lease)?;
+                let index = replication.get(&id).copied().flatten().map_or(0, |l| l.index);
+                Some((id, index >= last, acked))
+            })
+            .max_by_key(|(_, caught_up, acked)| (*caught_up, *acked))
+            .map(|(id, caught_up, _)| (id, caught_up))
+    }
+
+    /// Waits (until `deadline`) for a voter that acknowledged lately and holds this leader's
+    /// whole log, and returns it; at the deadline, the best voter that acknowledged lately.
+    async fn caught_up_target(&self, deadline: Instant) -> Option<u64> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            match self.handover_target() {
+                Some((id, true)) => return Some(id),
+                Some((id, false)) if Instant::now() >= deadline => return Some(id),
+                None if Instant::now() >= deadline => return None,
+                _ => {}
+            }
+            // Replication and heartbeat progress both show in the metrics.
+            let _ = tokio::time::timeout_at(deadline, metrics.changed()).await;
+        }
     }
 
     /// Asks openraft to hand leadership to `target` and waits until another member leads, at
@@ -182,6 +211,19 @@ impl Node {
     pub(crate) async fn transfer_leadership(&self, target: u64, deadline: Instant) -> Result<u64, NodeError> {
         let retry = (self.config.heartbeat_interval * 2).max(Duration::from_millis(20));
         let mut metrics = self.raft.metrics();
+        // First let the target receive the whole log (bounded): a transfer it cannot take yet
+        // stops the leader's heartbeats for nothing (see `handover_target`).
+        let catch_up = deadline.min(Instant::now() + self.config.election_timeout / 2);
+        loop {
+            let m = metrics.borrow_watched().clone();
+            let matched = m.replication.as_ref().and_then(|r| r.get(&target).copied().flatten()).map_or(0, |l| l.index);
+            if matched >= m.last_log_index.unwrap_or(0) || Instant::now() >= catch_up {
+                break;
+            }
+            if tokio::time::timeout_at(catch_up, metrics.changed()).await.is_ok_and(|r| r.is_err()) {
+                return Err(NodeError::Stopped);
+            }
+        }
         loop {
             let leader = metrics.borrow_watched().current_leader;
             match leader {
@@ -226,8 +268,10 @@ impl Node {
     /// leads, hands leadership to the most caught-up voter and waits for it, at most `bound`.
     /// Returns the new leader, if the hand-over happened.
     pub async fn hand_over(&self, bound: Duration) -> Option<u64> {
-        let target = self.handover_target()?;
         let deadline = Instant::now() + bound;
+        self.handover_target()?;
+        // A third of the bound to find a caught-up voter; the transfer has the rest.
+        let target = self.caught_up_target(Instant::now() + bound / 3).await?;
         let new = self.transfer_leadership(target, deadline).await.ok()?;
         // Wait (within the same bound) until this member also routes to the new leader, so that
         // requests still arriving here are forwarded instead of refused.
