@@ -166,7 +166,7 @@ fn claim_data_dir(
 ) -> Result<(), ConfigError> {
     files::create_dir_durably(fs, dir).map_err(|e| io_cfg(dir, e))?;
     let path = dir.join(IDENTITY);
-    let expected = format!("cluster {cluster_id:016x} member {member_id:016x} ({name})");
+    let expected = identity_text(cluster_id, member_id, name);
     match files::read(fs, &path).map_err(|e| io_cfg(dir, e))? {
         Some(found) => {
             let found = String::from_utf8_lossy(&found).trim().to_string();
@@ -186,6 +186,36 @@ fn claim_data_dir(
             files::write_durably(fs, &path, format!("{expected}\n").as_bytes()).map_err(|e| io_cfg(dir, e))
         }
     }
+}
+
+fn identity_text(cluster_id: u64, member_id: u64, name: &str) -> String {
+    format!("cluster {cluster_id:016x} member {member_id:016x} ({name})")
+}
+
+/// A data directory etcd's tools made (`etcdutl snapshot restore`, an etcd member's own) is
+/// imported as this member's initial state (`etcd_datadir`) before anything else reads it; a
+/// member that imported one and stopped before setting etcd's files aside finishes that.
+fn import_etcd_dir(config: &ServeConfig, member_dir: &Path) -> Result<(), StartError> {
+    let fs = config.fs.as_ref();
+    if !crate::etcd_datadir::has_etcd_files(fs, member_dir).map_err(|e| io_cfg(member_dir, e))? {
+        return Ok(());
+    }
+    if fs.exists(&member_dir.join(IDENTITY)).map_err(|e| io_cfg(member_dir, e))? {
+        return Ok(crate::etcd_datadir::set_aside(fs, member_dir)?);
+    }
+    let line = format!("{}\n", identity_text(config.cluster_id(), config.member_id(), &config.name));
+    let done = crate::etcd_datadir::import(config, member_dir, &member_dir.join(IDENTITY), &line)?;
+    eprintln!(
+        "keel: imported etcd data dir {} (consistent index {}, {} keys, revision {}, compacted at {}); \
+         etcd's files are kept in {}",
+        config.data_dir.display(),
+        done.consistent_index,
+        done.keys,
+        done.revision,
+        done.compact_revision,
+        member_dir.join(crate::etcd_datadir::IMPORTED).display()
+    );
+    Ok(())
 }
 
 /// The cluster and member id a data directory's identity file records, if it has one.
@@ -322,6 +352,15 @@ pub enum StartError {
     /// say it twice.
     #[error("cannot restore the etcd snapshot: {0}")]
     EtcdSnapshot(crate::etcd_snapshot::Error),
+    /// Not a source, as above.
+    #[error("cannot import the etcd data dir: {0}")]
+    EtcdDataDir(crate::etcd_datadir::ImportError),
+}
+
+impl From<crate::etcd_datadir::ImportError> for StartError {
+    fn from(e: crate::etcd_datadir::ImportError) -> StartError {
+        StartError::EtcdDataDir(e)
+    }
 }
 
 impl From<crate::etcd_snapshot::Error> for StartError {
@@ -339,6 +378,7 @@ impl Node {
         // Certificate files are read before anything on disk is touched.
         let peer_tls = PeerTls::load(&config.peer_tls)?;
         let member_dir: PathBuf = config.data_dir.join("member");
+        import_etcd_dir(&config, &member_dir)?;
         let (cluster_id, id) = resolve_identity(&config, &peer_tls, &member_dir).await?;
         claim_data_dir(config.fs.as_ref(), &member_dir, cluster_id, id, &config.name)?;
         let log =
