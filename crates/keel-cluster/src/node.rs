@@ -107,6 +107,54 @@ async fn snapshot_policy(node: Arc<Node>) {
     }
 }
 
+/// Whether a store whose log is empty holds state: restored by `keel snapshot-restore` or
+/// imported from an etcd data dir (a fresh store has revision 1 and no rows but metadata).
+fn holds_restored_state(sm: &Shared) -> bool {
+    let Ok((txn, revision)) = sm.read_now() else { return false };
+    revision > 1
+        || txn
+            .tables()
+            .iter()
+            .filter(|t| t.as_str() != crate::mvcc::META)
+            .any(|t| txn.scan(t, keeldb::ScanRange::all()).is_ok_and(|mut rows| rows.next().is_some()))
+}
+
+/// A restored store holds state that no log entry carries, so a member added later, which
+/// replays the log from its first entry, would never see it (etcd's TestIssue6361). Once the
+/// initial membership has applied, the state goes into a snapshot and the log it covers is
+/// purged: every later member then starts from that snapshot. Ends when the member stops.
+async fn snapshot_restored_state(node: Arc<Node>) {
+    let mut metrics = node.raft.metrics();
+    let mut stopping = node.stopping.subscribe();
+    let mut triggered = false;
+    loop {
+        let (applied, snapshot) = {
+            let m = metrics.borrow_watched();
+            (m.last_applied.map(|l| l.index), m.snapshot.map(|l| l.index))
+        };
+        match (applied, snapshot) {
+            (_, Some(index)) => {
+                let _ = node.raft.trigger().purge_log(index).await;
+                return;
+            }
+            (Some(_), None) if !triggered => {
+                triggered = node.raft.trigger().snapshot().await.is_ok();
+                if !triggered {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        let go_on = tokio::select! {
+            c = metrics.changed() => c.is_ok(),
+            _ = stopping.wait_for(|s| *s) => false,
+        };
+        if !go_on {
+            return;
+        }
+    }
+}
+
 /// The member's identity file: which cluster and member a data directory belongs to.
 const IDENTITY: &str = "identity";
 
@@ -525,6 +573,9 @@ impl Node {
             let members = node.config.initial_members();
             // A second member's initialize fails harmlessly once the log has the first's entry.
             let _ = node.raft.initialize(members).await;
+            if holds_restored_state(&node.sm) {
+                tokio::spawn(snapshot_restored_state(Arc::clone(&node)));
+            }
         }
         Ok(node)
     }

@@ -174,3 +174,49 @@ async fn another_members_flags_are_refused() {
     assert!(matches!(err, StartError::EtcdDataDir(ImportError::OtherMember { .. })), "{err}");
     assert!(!dir.join("member/identity").exists() && dir.join("member/snap/db").exists());
 }
+
+/// etcd's TestIssue6361: a member added to the imported cluster gets the imported keys, which no
+/// log entry carries (the import's state goes into a snapshot, the log before it is purged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_added_after_the_import_gets_the_imported_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    copy_tree(&fixture("restored"), &dir);
+    // The recorded peer URL is the one a joiner dials, so this member listens on it.
+    let first = ServeConfig { listen_peer_urls: vec!["http://127.0.0.1:23801".into()], ..config(&dir, 95) };
+    let s1 = common::start_retrying(first.clone(), 20).await;
+    let mut c = client(&s1).await;
+    wait_writable(&mut c).await;
+    let ip = common::loopback_ip(95);
+    let url = format!("http://{ip}:23802");
+    c.member_add([url.clone()], None).await.unwrap();
+    let mut initial_cluster = first.initial_cluster.clone();
+    initial_cluster.insert("m2".to_string(), vec![url.clone()]);
+    let joiner = ServeConfig {
+        name: "m2".into(),
+        data_dir: tmp.path().join("m2"),
+        listen_client_urls: vec![format!("http://{ip}:23792")],
+        advertise_client_urls: vec![format!("http://{ip}:23792")],
+        listen_peer_urls: vec![url.clone()],
+        initial_advertise_peer_urls: vec![url],
+        initial_cluster,
+        join_existing: true,
+        ..first
+    };
+    let s2 = common::start_retrying(joiner, 20).await;
+    let mut c2 = client(&s2).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = c2.get("foo", Some(GetOptions::new().with_prefix().with_serializable())).await;
+        if let Ok(r) = r.as_ref().map(keys) {
+            if r.len() == 3 {
+                assert_eq!(r[2], ("foo3".into(), "val3".into(), 4, 4, 1));
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "the new member never had the imported keys: {r:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    s2.stop().await;
+    s1.stop().await;
+}
