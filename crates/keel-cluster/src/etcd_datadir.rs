@@ -102,13 +102,14 @@ fn check(config: &ServeConfig, member_dir: &Path) -> Result<etcd_snapshot::EtcdS
 
 /// Reads the WAL's segments in order.
 fn read_wal(fs: &dyn FileSystem, dir: &Path) -> Result<wal::Wal, ImportError> {
-    let names = fs.list_dir(dir).map_err(io_at(dir))?;
-    let mut segments = Vec::new();
-    for name in wal::segment_order(&names).map_err(ImportError::Wal)? {
-        let path = dir.join(&name);
-        segments.push(files::read(fs, &path).map_err(io_at(&path))?.unwrap_or_default());
+    let names = wal::segment_order(&fs.list_dir(dir).map_err(io_at(dir))?).map_err(ImportError::Wal)?;
+    let mut reader = wal::Reader::default();
+    for (i, name) in names.iter().enumerate() {
+        let path = dir.join(name);
+        let bytes = files::read(fs, &path).map_err(io_at(&path))?.unwrap_or_default();
+        reader.segment(&bytes, i + 1 == names.len()).map_err(ImportError::Wal)?;
     }
-    wal::read(&segments).map_err(ImportError::Wal)
+    Ok(reader.finish())
 }
 
 /// Refuses a log with a client write past what the database applied. etcd's leader writes an

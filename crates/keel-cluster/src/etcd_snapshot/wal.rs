@@ -194,41 +194,65 @@ fn next_frame(seg: &[u8], at: usize, segment: usize) -> Result<Option<(&[u8], us
 
 /// Reads a WAL's segments (their bytes, in [`segment_order`]) whole.
 pub fn read(segments: &[Vec<u8>]) -> Result<Wal, WalError> {
-    let mut wal = Wal::default();
-    let mut crc = 0u32;
-    let last = segments.len().saturating_sub(1);
-    for (segment, seg) in segments.iter().enumerate() {
+    let mut reader = Reader::default();
+    for (i, seg) in segments.iter().enumerate() {
+        reader.segment(seg, i + 1 == segments.len())?;
+    }
+    Ok(reader.finish())
+}
+
+/// Reads a WAL one segment at a time (a segment is 64 MB; only one is held at once).
+#[derive(Debug, Default)]
+pub struct Reader {
+    wal: Wal,
+    crc: u32,
+    segment: usize,
+}
+
+impl Reader {
+    /// Reads the next segment; `last` says it is the newest (whose torn tail is dropped).
+    pub fn segment(&mut self, seg: &[u8], last: bool) -> Result<(), WalError> {
+        let segment = self.segment;
+        self.segment += 1;
         let mut at = 0;
         loop {
             let (bytes, next) = match next_frame(seg, at, segment) {
                 Ok(Some(frame)) => frame,
-                Ok(None) => break,
+                Ok(None) => return Ok(()),
                 // A record cut short at the very end of the log is one whose write never
                 // finished, so was never synced nor acknowledged.
-                Err(WalError::Truncated { .. }) if segment == last => {
-                    wal.torn_tail = true;
-                    break;
+                Err(WalError::Truncated { .. }) if last => {
+                    self.wal.torn_tail = true;
+                    return Ok(());
                 }
                 Err(e) => return Err(e),
             };
-            let decode = |why: String| WalError::Decode { segment, offset: at, why };
-            let rec = RecordPb::decode(bytes).map_err(|e| decode(format!("record: {e}")))?;
+            let rec = RecordPb::decode(bytes).map_err(|e| WalError::Decode {
+                segment,
+                offset: at,
+                why: format!("record: {e}"),
+            })?;
+            let crc = self.crc;
             if rec.r#type == CRC {
                 if crc != 0 && rec.crc != crc {
                     return Err(WalError::Crc { segment, offset: at, recorded: rec.crc, computed: crc });
                 }
-                crc = rec.crc;
+                self.crc = rec.crc;
             } else {
-                crc = crc32c::crc32c_append(crc, &rec.data);
-                if rec.crc != crc {
-                    return Err(WalError::Crc { segment, offset: at, recorded: rec.crc, computed: crc });
+                self.crc = crc32c::crc32c_append(crc, &rec.data);
+                if rec.crc != self.crc {
+                    return Err(WalError::Crc { segment, offset: at, recorded: rec.crc, computed: self.crc });
                 }
             }
-            apply(&mut wal, &rec, segment, at)?;
+            apply(&mut self.wal, &rec, segment, at)?;
             at = next;
         }
     }
-    Ok(wal)
+
+    /// What the segments read so far say.
+    pub fn finish(self) -> Wal {
+        self.wal
+    }
 }
 
 /// Folds one record into what the log says.
