@@ -42,7 +42,7 @@ pub enum ImportError {
     #[error("member/wal: {0}")]
     Wal(wal::WalError),
     #[error(
-        "member/wal holds {count} client write(s) the database has not applied (raft indexes {first}..={last}, \
+        "member/wal holds {count} request(s) the database has not applied (raft indexes {first}..={last}, \
          the database's consistent_index is {consistent_index}): importing it would lose them. Start etcd on \
          this directory once so it applies them, stop it, and start keel again"
     )]
@@ -169,6 +169,9 @@ pub fn import(config: &ServeConfig, member_dir: &Path, identity: &Path, line: &s
     let sm = member_dir.join("sm");
     files::create_dir_durably(fs, &sm).map_err(io_at(&sm))?;
     let revision = etcd_snapshot::restore(&sm, &state, Arc::clone(&config.fs)).map_err(ImportError::Database)?;
+    // The member snapshots this state for later members before it serves them (`node.rs`).
+    let marker = sm.join(crate::node::RESTORED);
+    files::write_durably(fs, &marker, b"").map_err(io_at(&marker))?;
     // The commit point: from here the directory is a keel member's.
     files::write_durably(fs, identity, line.as_bytes()).map_err(io_at(identity))?;
     set_aside(fs, member_dir)?;

@@ -119,23 +119,43 @@ fn holds_restored_state(sm: &Shared) -> bool {
             .any(|t| txn.scan(t, keeldb::ScanRange::all()).is_ok_and(|mut rows| rows.next().is_some()))
 }
 
+/// The file in `sm/` that says the store was restored and its state is not yet in a snapshot
+/// that the log starts from. Written durably by the restore paths before the member's
+/// identity; removed once the log before such a snapshot is purged.
+pub(crate) const RESTORED: &str = "restored";
+
 /// A restored store holds state that no log entry carries, so a member added later, which
 /// replays the log from its first entry, would never see it (etcd's TestIssue6361). Once the
 /// initial membership has applied, the state goes into a snapshot and the log it covers is
-/// purged: every later member then starts from that snapshot. Ends when the member stops.
-async fn snapshot_restored_state(node: Arc<Node>) {
+/// purged: every later member then starts from that snapshot. Then `marker` is removed; until
+/// then every start does this again (a crash in between loses nothing). Ends when the member
+/// stops.
+async fn snapshot_restored_state(node: Arc<Node>, marker: PathBuf) {
     let mut metrics = node.raft.metrics();
     let mut stopping = node.stopping.subscribe();
     let mut triggered = false;
+    let mut purging = false;
     loop {
-        let (applied, snapshot) = {
+        let (applied, snapshot, purged) = {
             let m = metrics.borrow_watched();
-            (m.last_applied.map(|l| l.index), m.snapshot.map(|l| l.index))
+            (m.last_applied.map(|l| l.index), m.snapshot.map(|l| l.index), m.purged.map(|l| l.index))
         };
         match (applied, snapshot) {
-            (_, Some(index)) => {
-                let _ = node.raft.trigger().purge_log(index).await;
+            (_, Some(index)) if purged >= Some(index) => {
+                if node.config.fs.exists(&marker).unwrap_or(false) {
+                    let removed = node.config.fs.remove_file(&marker);
+                    let parent = marker.parent().map(Path::to_path_buf).unwrap_or_default();
+                    if let Err(e) = removed.and_then(|()| node.config.fs.sync_dir(&parent)) {
+                        eprintln!("keel: {}: {e}", marker.display());
+                    }
+                }
                 return;
+            }
+            (_, Some(index)) if !purging => {
+                purging = node.raft.trigger().purge_log(index).await.is_ok();
+                if !purging {
+                    return;
+                }
             }
             (Some(_), None) if !triggered => {
                 triggered = node.raft.trigger().snapshot().await.is_ok();
@@ -375,6 +395,10 @@ pub fn restore_snapshot(config: &ServeConfig, snapshot: &[u8]) -> Result<i64, St
             Some(state) => Ok(crate::etcd_snapshot::restore(&member_dir.join("sm"), state, Arc::clone(&config.fs))?),
             None => crate::state_machine::restore(&member_dir.join("sm"), checkpoint, Arc::clone(&config.fs))
                 .map_err(|e| io_cfg(&member_dir, e).into()),
+        })
+        .and_then(|revision| {
+            files::write_durably(fs, &member_dir.join("sm").join(RESTORED), b"").map_err(|e| io_cfg(&member_dir, e))?;
+            Ok(revision)
         });
     if restored.is_err() {
         // The directory did not exist before: leave nothing half made.
@@ -573,9 +597,11 @@ impl Node {
             let members = node.config.initial_members();
             // A second member's initialize fails harmlessly once the log has the first's entry.
             let _ = node.raft.initialize(members).await;
-            if holds_restored_state(&node.sm) {
-                tokio::spawn(snapshot_restored_state(Arc::clone(&node)));
-            }
+        }
+        let marker = member_dir.join("sm").join(RESTORED);
+        let marked = node.config.fs.exists(&marker).map_err(|e| io_cfg(&member_dir, e))?;
+        if !node.config.join_existing && (marked || (log_was_empty && holds_restored_state(&node.sm))) {
+            tokio::spawn(snapshot_restored_state(Arc::clone(&node), marker));
         }
         Ok(node)
     }

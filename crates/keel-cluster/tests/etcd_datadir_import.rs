@@ -187,6 +187,14 @@ async fn a_member_added_after_the_import_gets_the_imported_keys() {
     let s1 = common::start_retrying(first.clone(), 20).await;
     let mut c = client(&s1).await;
     wait_writable(&mut c).await;
+    // The import marks the store restored; the mark goes once its state is in a snapshot the
+    // log starts from (until then every start snapshots and purges again).
+    let marker = dir.join("member/sm/restored");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while marker.exists() {
+        assert!(std::time::Instant::now() < deadline, "the restored state was never snapshotted and purged");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let ip = common::loopback_ip(95);
     let url = format!("http://{ip}:23802");
     c.member_add([url.clone()], None).await.unwrap();
