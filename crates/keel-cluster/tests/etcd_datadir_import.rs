@@ -172,6 +172,13 @@ async fn another_members_flags_are_refused() {
     let cfg = ServeConfig { initial_cluster_token: "other".into(), ..config(&dir, 94) };
     let err = Server::start(cfg).await.err().expect("other flags must be refused");
     assert!(matches!(err, StartError::EtcdDataDir(ImportError::OtherMember { .. })), "{err}");
+    // Same member, but the flags name a second one: another cluster than the one recorded
+    // (etcd would take the recorded membership; keel refuses rather than found a cluster the
+    // flags do not describe).
+    let mut cfg = config(&dir, 94);
+    cfg.initial_cluster.insert("infra1".into(), vec!["http://127.0.0.1:23802".into()]);
+    let err = Server::start(cfg).await.err().expect("another membership must be refused");
+    assert!(matches!(err, StartError::EtcdDataDir(ImportError::OtherCluster { .. })), "{err}");
     assert!(!dir.join("member/identity").exists() && dir.join("member/snap/db").exists());
 }
 
