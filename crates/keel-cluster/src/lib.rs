@@ -12,6 +12,7 @@ pub mod config;
 pub mod curp;
 pub mod election_api;
 pub mod etcd_api;
+pub mod etcd_datadir;
 pub mod etcd_snapshot;
 pub mod files;
 pub mod lease;

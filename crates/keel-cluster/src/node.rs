@@ -106,6 +106,74 @@ async fn snapshot_policy(node: Arc<Node>) {
     }
 }
 
+/// Whether a store whose log is empty holds state: restored by `keel snapshot-restore` or
+/// imported from an etcd data dir (a fresh store has revision 1 and no rows but metadata).
+fn holds_restored_state(sm: &Shared) -> bool {
+    let Ok((txn, revision)) = sm.read_now() else { return false };
+    revision > 1
+        || txn
+            .tables()
+            .iter()
+            .filter(|t| t.as_str() != crate::mvcc::META)
+            .any(|t| txn.scan(t, keeldb::ScanRange::all()).is_ok_and(|mut rows| rows.next().is_some()))
+}
+
+/// The file in `sm/` that says the store was restored and its state is not yet in a snapshot
+/// that the log starts from. Written durably by the restore paths before the member's
+/// identity; removed once the log before such a snapshot is purged.
+pub(crate) const RESTORED: &str = "restored";
+
+/// A restored store holds state that no log entry carries, so a member added later, which
+/// replays the log from its first entry, would never see it (etcd's TestIssue6361). Once the
+/// initial membership has applied, the state goes into a snapshot and the log it covers is
+/// purged: every later member then starts from that snapshot. Then `marker` is removed; until
+/// then every start does this again (a crash in between loses nothing). Ends when the member
+/// stops.
+async fn snapshot_restored_state(node: Arc<Node>, marker: PathBuf) {
+    let mut metrics = node.raft.metrics();
+    let mut stopping = node.stopping.subscribe();
+    let mut triggered = false;
+    let mut purging = false;
+    loop {
+        let (applied, snapshot, purged) = {
+            let m = metrics.borrow_watched();
+            (m.last_applied.map(|l| l.index), m.snapshot.map(|l| l.index), m.purged.map(|l| l.index))
+        };
+        match (applied, snapshot) {
+            (_, Some(index)) if purged >= Some(index) => {
+                if node.config.fs.exists(&marker).unwrap_or(false) {
+                    let removed = node.config.fs.remove_file(&marker);
+                    let parent = marker.parent().map(Path::to_path_buf).unwrap_or_default();
+                    if let Err(e) = removed.and_then(|()| node.config.fs.sync_dir(&parent)) {
+                        eprintln!("keel: {}: {e}", marker.display());
+                    }
+                }
+                return;
+            }
+            (_, Some(index)) if !purging => {
+                purging = node.raft.trigger().purge_log(index).await.is_ok();
+                if !purging {
+                    return;
+                }
+            }
+            (Some(_), None) if !triggered => {
+                triggered = node.raft.trigger().snapshot().await.is_ok();
+                if !triggered {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        let go_on = tokio::select! {
+            c = metrics.changed() => c.is_ok(),
+            _ = stopping.wait_for(|s| *s) => false,
+        };
+        if !go_on {
+            return;
+        }
+    }
+}
+
 /// The member's identity file: which cluster and member a data directory belongs to.
 const IDENTITY: &str = "identity";
 
@@ -165,7 +233,7 @@ fn claim_data_dir(
 ) -> Result<(), ConfigError> {
     files::create_dir_durably(fs, dir).map_err(|e| io_cfg(dir, e))?;
     let path = dir.join(IDENTITY);
-    let expected = format!("cluster {cluster_id:016x} member {member_id:016x} ({name})");
+    let expected = identity_text(cluster_id, member_id, name);
     match files::read(fs, &path).map_err(|e| io_cfg(dir, e))? {
         Some(found) => {
             let found = String::from_utf8_lossy(&found).trim().to_string();
@@ -185,6 +253,36 @@ fn claim_data_dir(
             files::write_durably(fs, &path, format!("{expected}\n").as_bytes()).map_err(|e| io_cfg(dir, e))
         }
     }
+}
+
+fn identity_text(cluster_id: u64, member_id: u64, name: &str) -> String {
+    format!("cluster {cluster_id:016x} member {member_id:016x} ({name})")
+}
+
+/// A data directory etcd's tools made (`etcdutl snapshot restore`, an etcd member's own) is
+/// imported as this member's initial state (`etcd_datadir`) before anything else reads it; a
+/// member that imported one and stopped before setting etcd's files aside finishes that.
+fn import_etcd_dir(config: &ServeConfig, member_dir: &Path) -> Result<(), StartError> {
+    let fs = config.fs.as_ref();
+    if !crate::etcd_datadir::has_etcd_files(fs, member_dir).map_err(|e| io_cfg(member_dir, e))? {
+        return Ok(());
+    }
+    if fs.exists(&member_dir.join(IDENTITY)).map_err(|e| io_cfg(member_dir, e))? {
+        return Ok(crate::etcd_datadir::set_aside(fs, member_dir)?);
+    }
+    let line = format!("{}\n", identity_text(config.cluster_id(), config.member_id(), &config.name));
+    let done = crate::etcd_datadir::import(config, member_dir, &member_dir.join(IDENTITY), &line)?;
+    eprintln!(
+        "keel: imported etcd data dir {} (consistent index {}, {} keys, revision {}, compacted at {}); \
+         etcd's files are kept in {}",
+        config.data_dir.display(),
+        done.consistent_index,
+        done.keys,
+        done.revision,
+        done.compact_revision,
+        member_dir.join(crate::etcd_datadir::IMPORTED).display()
+    );
+    Ok(())
 }
 
 /// The cluster and member id a data directory's identity file records, if it has one.
@@ -296,6 +394,10 @@ pub fn restore_snapshot(config: &ServeConfig, snapshot: &[u8]) -> Result<i64, St
             Some(state) => Ok(crate::etcd_snapshot::restore(&member_dir.join("sm"), state, Arc::clone(&config.fs))?),
             None => crate::state_machine::restore(&member_dir.join("sm"), checkpoint, Arc::clone(&config.fs))
                 .map_err(|e| io_cfg(&member_dir, e).into()),
+        })
+        .and_then(|revision| {
+            files::write_durably(fs, &member_dir.join("sm").join(RESTORED), b"").map_err(|e| io_cfg(&member_dir, e))?;
+            Ok(revision)
         });
     if restored.is_err() {
         // The directory did not exist before: leave nothing half made.
@@ -321,6 +423,15 @@ pub enum StartError {
     /// say it twice.
     #[error("cannot restore the etcd snapshot: {0}")]
     EtcdSnapshot(crate::etcd_snapshot::Error),
+    /// Not a source, as above.
+    #[error("cannot import the etcd data dir: {0}")]
+    EtcdDataDir(crate::etcd_datadir::ImportError),
+}
+
+impl From<crate::etcd_datadir::ImportError> for StartError {
+    fn from(e: crate::etcd_datadir::ImportError) -> StartError {
+        StartError::EtcdDataDir(e)
+    }
 }
 
 impl From<crate::etcd_snapshot::Error> for StartError {
@@ -338,6 +449,7 @@ impl Node {
         // Certificate files are read before anything on disk is touched.
         let peer_tls = PeerTls::load(&config.peer_tls)?;
         let member_dir: PathBuf = config.data_dir.join("member");
+        import_etcd_dir(&config, &member_dir)?;
         let (cluster_id, id) = resolve_identity(&config, &peer_tls, &member_dir).await?;
         claim_data_dir(config.fs.as_ref(), &member_dir, cluster_id, id, &config.name)?;
         let log =
@@ -484,6 +596,11 @@ impl Node {
             let members = node.config.initial_members();
             // A second member's initialize fails harmlessly once the log has the first's entry.
             let _ = node.raft.initialize(members).await;
+        }
+        let marker = member_dir.join("sm").join(RESTORED);
+        let marked = node.config.fs.exists(&marker).map_err(|e| io_cfg(&member_dir, e))?;
+        if !node.config.join_existing && (marked || (log_was_empty && holds_restored_state(&node.sm))) {
+            tokio::spawn(snapshot_restored_state(Arc::clone(&node), marker));
         }
         Ok(node)
     }

@@ -18,6 +18,7 @@
 pub mod bbolt;
 pub mod bbolt_writer;
 pub mod schema;
+pub mod wal;
 
 use std::collections::HashSet;
 use std::io::{self, Seek, Write};
@@ -276,9 +277,23 @@ fn other_rows(state: &EtcdState) -> Result<Vec<Row>, Error> {
             }
         }
     }
-    out.push((META, REV_KEY.to_vec(), bincode::serialize(&state.revision).map_err(store)?));
+    out.push((META, REV_KEY.to_vec(), bincode::serialize(&first_revision(state)).map_err(store)?));
     out.push((META, COMPACT_KEY.to_vec(), bincode::serialize(&state.compact_revision).map_err(store)?));
     Ok(out)
+}
+
+/// The revision the restored rows are written at. When no key changed at the store's revision
+/// (`etcdutl snapshot restore --bump-revision` moved it on, or a compaction point above the
+/// newest key), one revision less, and the store's revision then follows in a commit of its
+/// own that changes no key: the store's history then truly holds the step to it, so a watch
+/// from the revision etcd reports as compacted is served (with nothing at it, as in etcd)
+/// rather than refused.
+fn first_revision(state: &EtcdState) -> i64 {
+    let newest_key = state.keys.iter().map(|kv| kv.mod_revision).max().unwrap_or(0);
+    match state.revision > newest_key && state.revision > 1 {
+        true => state.revision - 1,
+        false => state.revision,
+    }
 }
 
 /// Makes `dir` (the `sm` directory of a new cluster's member, not yet existing or empty) hold
@@ -300,6 +315,18 @@ pub fn restore(dir: &Path, state: &EtcdState, fs: Arc<dyn FileSystem>) -> Result
     }
     db.checkpoint().map_err(store)?;
     db.close().map_err(store)?;
+    if first_revision(state) != state.revision {
+        // With history kept (as the member keeps it), so that the step is in the store's
+        // history and nothing before it is.
+        let options =
+            Options { keep_history: true, fs: Arc::clone(&fs), ..Options::with_durability(Durability::Relaxed) };
+        let db = Database::open(dir.join("store"), options).map_err(store)?;
+        let mut txn = db.begin_write().map_err(store)?;
+        txn.put(META, REV_KEY, &bincode::serialize(&state.revision).map_err(store)?).map_err(store)?;
+        txn.commit().map_err(store)?;
+        db.checkpoint().map_err(store)?;
+        db.close().map_err(store)?;
+    }
     files::create_dir_durably(fs.as_ref(), &dir.join("snap")).map_err(store)?;
     Ok(state.revision)
 }

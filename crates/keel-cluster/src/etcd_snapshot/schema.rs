@@ -7,6 +7,7 @@
 //! - `meta`: `consistent_index`, `term` (u64 BE), `scheduledCompactRev`, `finishedCompactRev`
 //!   (revision keys, main part used), `storageVersion` (3.6: text), `confState` (JSON).
 //! - `lease`: id (u64 BE) → `leasepb.Lease`.
+//! - `members`, `members_removed`: hex member id → member JSON (3.5+).
 //! - `auth`: `authEnabled` (`[1]` on), `authRevision` (u64 BE); `authUsers`, `authRoles`:
 //!   name → `authpb.User` / `authpb.Role`.
 //!
@@ -27,9 +28,11 @@ pub const LEASE: &str = "lease";
 pub const AUTH: &str = "auth";
 pub const AUTH_USERS: &str = "authUsers";
 pub const AUTH_ROLES: &str = "authRoles";
+pub const MEMBERS: &str = "members";
+pub const MEMBERS_REMOVED: &str = "members_removed";
 /// Every bucket etcd 3.6 creates (`schema.AllBuckets`); an exported file has them all.
 pub const ALL_BUCKETS: [&str; 10] =
-    [KEY, META, LEASE, "alarm", "cluster", "members", "members_removed", AUTH, AUTH_USERS, AUTH_ROLES];
+    [KEY, META, LEASE, "alarm", "cluster", MEMBERS, MEMBERS_REMOVED, AUTH, AUTH_USERS, AUTH_ROLES];
 const CONSISTENT_INDEX: &[u8] = b"consistent_index";
 const TERM: &[u8] = b"term";
 const SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
@@ -204,12 +207,18 @@ impl EtcdState {
         let mut newest = 0;
         for (k, v) in db.bucket(KEY.as_bytes())?.ok_or(Error::MissingBucket(KEY))? {
             let (main, _, tombstone) = revision_of(k).ok_or_else(|| record(KEY, k, "not a revision key"))?;
-            let kv = PbKeyValue::decode(v).map_err(|e| record(KEY, k, e.to_string()))?;
             // bbolt keeps keys sorted, so revisions only grow; a file where they do not is
             // corrupt in a way the page checks cannot see.
             if main < newest {
                 return Err(record(KEY, k, "revisions out of order"));
             }
+            // `etcdutl snapshot restore --bump-revision` marks the new revision with a row
+            // without a value: it moves the revision on and holds no key (etcd shows none).
+            if v.is_empty() && !tombstone {
+                newest = main;
+                continue;
+            }
+            let kv = PbKeyValue::decode(v).map_err(|e| record(KEY, k, e.to_string()))?;
             newest = main;
             if tombstone {
                 live.remove(&kv.key);
@@ -272,6 +281,31 @@ impl EtcdState {
             })
             .collect()
     }
+}
+
+/// The ids of the members an etcd backend records (`members`, hex id → member JSON), less
+/// those it records as removed (`members_removed`), in id order. Empty for a backend older
+/// than etcd 3.5 kept them (those kept membership in the v2 store only).
+pub fn member_ids(db: &Db<'_>) -> Result<Vec<u64>, Error> {
+    let id = |bucket: &'static str, k: &[u8]| {
+        std::str::from_utf8(k)
+            .ok()
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+            .ok_or_else(|| record(bucket, k, "not a hex member id"))
+    };
+    let mut removed = Vec::new();
+    for (k, _) in rows(db, MEMBERS_REMOVED)? {
+        removed.push(id(MEMBERS_REMOVED, k)?);
+    }
+    let mut ids = Vec::new();
+    for (k, _) in rows(db, MEMBERS)? {
+        let member = id(MEMBERS, k)?;
+        if !removed.contains(&member) {
+            ids.push(member);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
 }
 
 /// The rows of the `key` bucket for live keys given in `(mod_revision, key)` order: each key
