@@ -99,18 +99,36 @@ fn versions(files: &TlsFiles) -> &'static [&'static SupportedProtocolVersion] {
     }
 }
 
-/// A client-certificate verifier that, after the chain checks out, also requires one of
-/// etcd's allowed common names or host names (`--peer-cert-allowed-cn`,
-/// `--peer-cert-allowed-hostname`, `--client-cert-allowed-hostname`).
+/// The client-certificate verifier: webpki's chain check, then (if set) one of etcd's allowed
+/// common names or host names (`--peer-cert-allowed-cn`, `--peer-cert-allowed-hostname`,
+/// `--client-cert-allowed-hostname`). Like Go's verifier, which etcd uses, it also takes a
+/// certificate that is itself in the trusted CA file (a self-signed certificate serving as
+/// both CA and client, as etcd's test fixtures do); webpki refuses a CA certificate as an end
+/// entity.
 #[derive(Debug)]
 struct AllowedNames {
     inner: Arc<dyn ClientCertVerifier>,
     cns: Vec<String>,
     hostnames: Vec<String>,
+    /// The trusted CA certificates, DER.
+    anchors: Vec<CertificateDer<'static>>,
 }
 
 impl AllowedNames {
+    /// Whether `der` is one of the trusted certificates and valid at `now`.
+    fn is_trusted_itself(&self, der: &[u8], now: UnixTime) -> bool {
+        if !self.anchors.iter().any(|a| a.as_ref() == der) {
+            return false;
+        }
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return false };
+        let now = now.as_secs() as i64;
+        cert.validity().not_before.timestamp() <= now && now <= cert.validity().not_after.timestamp()
+    }
+
     fn admits(&self, der: &[u8]) -> bool {
+        if self.cns.is_empty() && self.hostnames.is_empty() {
+            return true;
+        }
         let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return false };
         if !self.cns.is_empty() {
             return cert
@@ -155,7 +173,11 @@ impl ClientCertVerifier for AllowedNames {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, tokio_rustls::rustls::Error> {
-        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let verified = match self.inner.verify_client_cert(end_entity, intermediates, now) {
+            Ok(v) => v,
+            Err(_) if self.is_trusted_itself(end_entity.as_ref(), now) => ClientCertVerified::assertion(),
+            Err(e) => return Err(e),
+        };
         if !self.admits(end_entity.as_ref()) {
             return Err(tokio_rustls::rustls::Error::General(
                 "client certificate authentication failed (not an allowed name)".into(),
@@ -278,7 +300,7 @@ fn server_config(files: &TlsFiles, flags: TlsFlags, loaded: &Loaded) -> Result<S
         .with_protocol_versions(versions(files))
         .map_err(|e| tls_err(flags.cert_file, cert_path, e))?;
     let builder = match (&loaded.roots, files.client_cert_auth) {
-        (Some((_, roots)), true) => {
+        (Some((pem, roots)), true) => {
             let ca_path = files.trusted_ca_file.as_deref().unwrap_or(Path::new(""));
             let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), provider);
             if !loaded.crls.is_empty() {
@@ -287,15 +309,12 @@ fn server_config(files: &TlsFiles, flags: TlsFlags, loaded: &Loaded) -> Result<S
                 verifier = verifier.with_crls(loaded.crls.iter().cloned()).allow_unknown_revocation_status();
             }
             let verifier = verifier.build().map_err(|e| tls_err(flags.trusted_ca_file, ca_path, e))?;
-            if files.allowed_cns.is_empty() && files.allowed_hostnames.is_empty() {
-                builder.with_client_cert_verifier(verifier)
-            } else {
-                builder.with_client_cert_verifier(Arc::new(AllowedNames {
-                    inner: verifier,
-                    cns: files.allowed_cns.clone(),
-                    hostnames: files.allowed_hostnames.clone(),
-                }))
-            }
+            builder.with_client_cert_verifier(Arc::new(AllowedNames {
+                inner: verifier,
+                cns: files.allowed_cns.clone(),
+                hostnames: files.allowed_hostnames.clone(),
+                anchors: parse_certs(flags.trusted_ca_file, ca_path, pem)?,
+            }))
         }
         (None, true) => {
             return Err(ConfigError::Invalid {
@@ -654,11 +673,41 @@ mod tests {
         params.self_signed(&key).unwrap().der().to_vec()
     }
 
+    /// etcd's test fixture `CommonName-root.crt`: one self-signed CA certificate as the trusted
+    /// CA, the server's certificate and the client's. Go takes it; webpki alone refuses a CA
+    /// certificate as the client's.
+    #[test]
+    fn a_trusted_certificate_is_accepted_as_the_client_itself() {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "root");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = CertificateDer::from(params.self_signed(&key).unwrap().der().to_vec());
+        let mut roots = RootCertStore::empty();
+        roots.add(der.clone()).unwrap();
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::new(ring::default_provider()))
+            .build()
+            .unwrap();
+        let now = UnixTime::now();
+        let plain =
+            AllowedNames { inner: Arc::clone(&inner), cns: Vec::new(), hostnames: Vec::new(), anchors: Vec::new() };
+        assert!(plain.verify_client_cert(&der, &[], now).is_err(), "webpki alone refuses it");
+        let verifier = AllowedNames { inner, cns: Vec::new(), hostnames: Vec::new(), anchors: vec![der.clone()] };
+        assert!(verifier.verify_client_cert(&der, &[], now).is_ok());
+        // Only while it is valid (rcgen makes it valid until 4096).
+        let later = UnixTime::since_unix_epoch(std::time::Duration::from_secs(100_000_000_000));
+        assert!(verifier.verify_client_cert(&der, &[], later).is_err());
+        // Another self-signed certificate is not trusted for being a CA.
+        let other = CertificateDer::from(cert("root", &["localhost"]));
+        assert!(verifier.verify_client_cert(&other, &[], now).is_err());
+    }
+
     fn allowed(cns: &[&str], hostnames: &[&str]) -> AllowedNames {
         AllowedNames {
             inner: Arc::new(tokio_rustls::rustls::server::NoClientAuth),
             cns: cns.iter().map(|s| s.to_string()).collect(),
             hostnames: hostnames.iter().map(|s| s.to_string()).collect(),
+            anchors: Vec::new(),
         }
     }
 
