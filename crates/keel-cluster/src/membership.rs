@@ -1,6 +1,6 @@
 //! Membership changes as etcd makes them, on the leader (`Node::handle_admin` calls these), and
-//! the task every member runs to follow membership: peer URLs for its peer clients, the
-//! reachability the strict check counts, and noticing that it was removed.
+//! the tasks every member runs to follow membership: peer URLs for its peer clients, the
+//! contact with each peer the strict check counts, and noticing that it was removed.
 //!
 //! etcd changes one member per configuration entry (no joint consensus), and a change takes
 //! effect when it applies, so it commits under the old configuration: a one-member cluster
@@ -59,7 +59,8 @@ impl Node {
         list(self.appended().membership())
     }
 
-    /// The voters as the strict check sees them from this member (the leader).
+    /// The voters as the strict check sees them from this member (the leader), with its own
+    /// contact with each, which began whatever either one's role was then.
     fn voter_view(&self, m: &Membership<u64, Member>) -> Vec<Voter> {
         let published = self.sm.published_members();
         let now = tokio::time::Instant::now();
@@ -69,7 +70,7 @@ impl Node {
                 Voter {
                     id,
                     started: me || published.get(&id).is_some_and(|p| !p.name.is_empty()),
-                    active: me || self.reach.active(id),
+                    active: me || self.reach.active(id, now),
                     connected: me || self.reach.connected(id, now),
                 }
             })
@@ -234,7 +235,7 @@ impl Node {
 /// Starts the tasks that follow membership on `node` until it stops.
 pub(crate) fn follow(node: &Arc<Node>) {
     tokio::spawn(follow_membership(Arc::clone(node)));
-    tokio::spawn(sample_reachability(Arc::clone(node)));
+    tokio::spawn(keep_contact(Arc::clone(node)));
     tokio::spawn(ask_when_leaderless(Arc::clone(node)));
 }
 
@@ -275,27 +276,65 @@ async fn follow_membership(node: Arc<Node>) {
     }
 }
 
-/// Samples openraft's heartbeat metrics for [`reconfig::Reachability`] every heartbeat.
-async fn sample_reachability(node: Arc<Node>) {
-    let fresh = node.config.election_timeout;
-    let mut tick = tokio::time::interval(node.config.heartbeat_interval);
+/// Keeps [`reconfig::Reachability`] current on every member, whatever its role, as etcd's
+/// transport keeps a stream with every peer. A leader's acknowledged heartbeats count as
+/// contact; any peer not heard from for a probe interval (the longer of a heartbeat interval
+/// and a quarter of the election timeout) is sent a [`PeerRequest::Ping`]. Followers hear the
+/// leader's heartbeats and the probed member hears the probe, so in a steady cluster only
+/// followers probe, about once per pair of them per interval; nothing here touches the write
+/// path.
+async fn keep_contact(node: Arc<Node>) {
+    let interval = node.config.heartbeat_interval.max(node.config.election_timeout / 4);
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Probes under way, one per peer at most: a peer that does not answer must not hold up
+    // the probes of the others.
+    let mut probes = tokio::task::JoinSet::new();
+    let mut probing = BTreeSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = node.stopped() => return,
         }
-        let acked = {
+        while let Some(done) = probes.try_join_next() {
+            if let Ok(id) = done {
+                probing.remove(&id);
+            }
+        }
+        if probes.is_empty() {
+            probing.clear();
+        }
+        let now = tokio::time::Instant::now();
+        let (acked, peers) = {
             let m = node.raft.metrics();
             let m = m.borrow_watched();
-            m.heartbeat.as_ref().map(|h| {
-                h.iter()
-                    .filter(|(id, _)| **id != node.id)
-                    .map(|(id, at)| (*id, at.as_ref().map(|t| openraft::Instant::elapsed(&**t))))
-                    .collect::<BTreeMap<u64, Option<Duration>>>()
-            })
+            let acked: Vec<(u64, tokio::time::Instant)> = m
+                .heartbeat
+                .iter()
+                .flat_map(|h| h.iter())
+                .filter_map(|(id, at)| {
+                    let ago = openraft::Instant::elapsed(&**at.as_ref()?);
+                    Some((*id, now.checked_sub(ago)?))
+                })
+                .collect();
+            let peers: BTreeSet<u64> =
+                m.membership_config.membership().nodes().map(|(id, _)| *id).filter(|id| *id != node.id).collect();
+            (acked, peers)
         };
-        node.reach.observe(acked, fresh, tokio::time::Instant::now());
+        for (id, at) in acked {
+            node.reach.heard(id, at);
+        }
+        node.reach.retain(|id| peers.contains(&id));
+        for id in peers {
+            let quiet = node.reach.last_heard(id).is_none_or(|t| now.saturating_duration_since(t) >= interval);
+            if quiet && probing.insert(id) {
+                let node = Arc::clone(&node);
+                probes.spawn(async move {
+                    node.probe(id).await;
+                    id
+                });
+            }
+        }
     }
 }
 
