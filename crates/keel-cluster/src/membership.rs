@@ -221,6 +221,32 @@ impl Node {
         Ok(answer.membership.as_ref().map(list).unwrap_or_else(|| self.appended_members()))
     }
 
+    /// Asks the others for the leader's membership (at most one hop: a member asked names its
+    /// leader) and stops this member if it is not in it. Whether it stopped.
+    pub(crate) async fn stop_if_removed(&self) -> bool {
+        let others: Vec<u64> = self.members().into_iter().map(|(id, _, _)| id).filter(|id| *id != self.id).collect();
+        for peer in others {
+            let mut target = peer;
+            for _ in 0..2 {
+                match self
+                    .call_peer(target, &PeerRequest::Admin(AdminRequest::Members), self.config.election_timeout)
+                    .await
+                {
+                    Ok(PeerResponse::Admin(members)) => {
+                        if !members.is_empty() && !members.iter().any(|(id, _, _)| *id == self.id) {
+                            self.stop_removed();
+                            return true;
+                        }
+                        break;
+                    }
+                    Ok(PeerResponse::NotLeader(Some(l))) if l != self.id => target = l,
+                    _ => break,
+                }
+            }
+        }
+        false
+    }
+
     /// Stops this member for good, as etcd stops a removed member (it exits 0 after saying so).
     fn stop_removed(&self) {
         if self.removed.swap(true, Ordering::SeqCst) || *self.stopping.borrow() {
@@ -359,26 +385,8 @@ async fn ask_when_leaderless(node: Arc<Node>) {
         if since.elapsed() < pause {
             continue;
         }
-        let others: Vec<u64> = node.members().into_iter().map(|(id, _, _)| id).filter(|id| *id != node.id).collect();
-        for peer in others {
-            let mut target = peer;
-            // At most one hop: the member asked names its leader.
-            for _ in 0..2 {
-                match node
-                    .call_peer(target, &PeerRequest::Admin(AdminRequest::Members), node.config.election_timeout)
-                    .await
-                {
-                    Ok(PeerResponse::Admin(members)) => {
-                        if !members.is_empty() && !members.iter().any(|(id, _, _)| *id == node.id) {
-                            node.stop_removed();
-                            return;
-                        }
-                        break;
-                    }
-                    Ok(PeerResponse::NotLeader(Some(l))) if l != node.id => target = l,
-                    _ => break,
-                }
-            }
+        if node.stop_if_removed().await {
+            return;
         }
         leaderless_since = Some(tokio::time::Instant::now());
     }

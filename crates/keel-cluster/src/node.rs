@@ -598,13 +598,20 @@ impl Node {
     /// Asks member `id` for a [`PeerRequest::Ping`] and records the outcome for the strict
     /// reconfiguration check: an answer is contact; a refused connection breaks contact at
     /// once (etcd's transport notices a closed stream as soon); a slow or lost answer only
-    /// fails to extend it, so a busy machine does not reset the 5 s count.
+    /// fails to extend it, so a busy machine does not reset the 5 s count. A peer that does
+    /// not list this member has it ask the leader whether it was removed, as etcd's peers
+    /// answer a removed member's messages with "removed" and it stops.
     pub(crate) async fn probe(&self, id: u64) {
         let Some(mut peer) = self.take_peer(id) else { return };
         let result = peer.call(&PeerRequest::Ping, self.config.election_timeout).await;
         self.put_peer(id, peer);
         match result {
-            Ok(PeerResponse::Pong) => self.reach.heard(id, tokio::time::Instant::now()),
+            Ok(PeerResponse::Pong { listed }) => {
+                self.reach.heard(id, tokio::time::Instant::now());
+                if !listed {
+                    self.stop_if_removed().await;
+                }
+            }
             Err(CallError::Unreachable(_)) => self.reach.lost(id),
             Ok(_) | Err(_) => {}
         }
@@ -871,7 +878,11 @@ impl PeerHandler for Node {
         let fatal = |e: String| PeerResponse::Error(e);
         self.reach.heard(from, tokio::time::Instant::now());
         match req {
-            PeerRequest::Ping => PeerResponse::Pong,
+            PeerRequest::Ping => {
+                let listed =
+                    self.raft.metrics().borrow_watched().membership_config.membership().get_node(&from).is_some();
+                PeerResponse::Pong { listed }
+            }
             PeerRequest::Append(r) => match self.raft.append_entries(r).await {
                 Ok(r) => PeerResponse::Append(r),
                 Err(e) => fatal(e.to_string()),

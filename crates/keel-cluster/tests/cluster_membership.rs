@@ -454,3 +454,37 @@ async fn the_strict_check_refuses_while_a_running_member_is_cut_off() {
     assert!(added.member().unwrap().is_learner());
     stop_all(servers).await;
 }
+
+/// A removed follower stops soon, as etcd's does when its peers answer it "removed": its
+/// contact probe finds that the leader no longer lists it. The election timeout here is long
+/// (3 s), so that the other way a removed member learns it, after hearing from no leader for
+/// four election timeouts, cannot come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_follower_learns_it_from_its_contact_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(122);
+    let names = ["p1", "p2", "p3"];
+    let slow = |i| ServeConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        election_timeout: Duration::from_secs(3),
+        strict_reconfig_check: false,
+        ..config(dir.path(), &ip, &names, i)
+    };
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(common::start_retrying(slow(i), 20).await));
+    }
+    let leader = common::wait_leader(&servers, 30).await;
+    let follower = servers.iter().flatten().position(|s| s.node.id != leader).unwrap();
+    let follower_id = servers[follower].as_ref().unwrap().node.id;
+    let mut c = client(&client_url(&ip, (follower + 1) % 3)).await;
+    c.member_remove(follower_id).await.unwrap();
+    let removed_at = Instant::now();
+    let gone = servers[follower].take().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), gone.node.stopped()).await.expect("the removed member must stop");
+    let took = removed_at.elapsed();
+    assert!(gone.node.removed.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(took < Duration::from_secs(9), "stopped after {took:?}: not by its probe");
+    gone.stop().await;
+    stop_all(servers).await;
+}
