@@ -356,7 +356,7 @@ async fn keep_contact(node: Arc<Node>) {
             if quiet && probing.insert(id) {
                 let node = Arc::clone(&node);
                 probes.spawn(async move {
-                    node.probe(id).await;
+                    let _ = node.probe(id).await;
                     id
                 });
             }

@@ -600,9 +600,9 @@ impl Node {
     /// once (etcd's transport notices a closed stream as soon); a slow or lost answer only
     /// fails to extend it, so a busy machine does not reset the 5 s count. A peer that does
     /// not list this member has it ask the leader whether it was removed, as etcd's peers
-    /// answer a removed member's messages with "removed" and it stops.
-    pub(crate) async fn probe(&self, id: u64) {
-        let Some(mut peer) = self.take_peer(id) else { return };
+    /// answer a removed member's messages with "removed" and it stops. Whether it answered.
+    pub(crate) async fn probe(&self, id: u64) -> bool {
+        let Some(mut peer) = self.take_peer(id) else { return false };
         let result = peer.call(&PeerRequest::Ping, self.config.election_timeout).await;
         self.put_peer(id, peer);
         match result {
@@ -611,9 +611,13 @@ impl Node {
                 if !listed {
                     self.stop_if_removed().await;
                 }
+                true
             }
-            Err(CallError::Unreachable(_)) => self.reach.lost(id),
-            Ok(_) | Err(_) => {}
+            Err(CallError::Unreachable(_)) => {
+                self.reach.lost(id);
+                false
+            }
+            Ok(_) | Err(_) => false,
         }
     }
 

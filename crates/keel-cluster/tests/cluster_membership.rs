@@ -488,3 +488,33 @@ async fn a_removed_follower_learns_it_from_its_contact_probe() {
     gone.stop().await;
     stop_all(servers).await;
 }
+
+/// etcd stops at once on SIGTERM when no peer is reached to take over leadership: a member
+/// whose added voter never started (its log's last entry cannot commit) and the last running
+/// member of three do not wait for a hand-over or an apply that cannot happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_does_not_wait_for_members_that_are_down() {
+    // Far longer than the stops may take: waiting for the bound fails the test.
+    let bound = Duration::from_secs(60);
+    let stop = |s: Server| async move {
+        tokio::time::timeout(Duration::from_secs(20), s.stop_gracefully(bound))
+            .await
+            .expect("waited for a member that is down")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(123);
+    let mut servers = start_cluster(dir.path(), &ip, &["g1"]).await;
+    let mut c = client(&client_url(&ip, 0)).await;
+    c.member_add([peer_url(&ip, 1)], None).await.unwrap();
+    // An open client connection is one the stop rightly waits for.
+    drop(c);
+    assert_eq!(stop(servers[0].take().unwrap()).await, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(124);
+    let mut servers = start_cluster(dir.path(), &ip, &["h1", "h2", "h3"]).await;
+    for s in servers.iter_mut().take(2) {
+        stop(s.take().unwrap()).await;
+    }
+    assert_eq!(stop(servers[2].take().unwrap()).await, None);
+}
