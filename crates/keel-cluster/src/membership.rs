@@ -1,6 +1,6 @@
 //! Membership changes as etcd makes them, on the leader (`Node::handle_admin` calls these), and
-//! the task every member runs to follow membership: peer URLs for its peer clients, the
-//! reachability the strict check counts, and noticing that it was removed.
+//! the tasks every member runs to follow membership: peer URLs for its peer clients, the
+//! contact with each peer the strict check counts, and noticing that it was removed.
 //!
 //! etcd changes one member per configuration entry (no joint consensus), and a change takes
 //! effect when it applies, so it commits under the old configuration: a one-member cluster
@@ -59,7 +59,8 @@ impl Node {
         list(self.appended().membership())
     }
 
-    /// The voters as the strict check sees them from this member (the leader).
+    /// The voters as the strict check sees them from this member (the leader), with its own
+    /// contact with each, which began whatever either one's role was then.
     fn voter_view(&self, m: &Membership<u64, Member>) -> Vec<Voter> {
         let published = self.sm.published_members();
         let now = tokio::time::Instant::now();
@@ -69,7 +70,7 @@ impl Node {
                 Voter {
                     id,
                     started: me || published.get(&id).is_some_and(|p| !p.name.is_empty()),
-                    active: me || self.reach.active(id),
+                    active: me || self.reach.active(id, now),
                     connected: me || self.reach.connected(id, now),
                 }
             })
@@ -220,6 +221,32 @@ impl Node {
         Ok(answer.membership.as_ref().map(list).unwrap_or_else(|| self.appended_members()))
     }
 
+    /// Asks the others for the leader's membership (at most one hop: a member asked names its
+    /// leader) and stops this member if it is not in it. Whether it stopped.
+    pub(crate) async fn stop_if_removed(&self) -> bool {
+        let others: Vec<u64> = self.members().into_iter().map(|(id, _, _)| id).filter(|id| *id != self.id).collect();
+        for peer in others {
+            let mut target = peer;
+            for _ in 0..2 {
+                match self
+                    .call_peer(target, &PeerRequest::Admin(AdminRequest::Members), self.config.election_timeout)
+                    .await
+                {
+                    Ok(PeerResponse::Admin(members)) => {
+                        if !members.is_empty() && !members.iter().any(|(id, _, _)| *id == self.id) {
+                            self.stop_removed();
+                            return true;
+                        }
+                        break;
+                    }
+                    Ok(PeerResponse::NotLeader(Some(l))) if l != self.id => target = l,
+                    _ => break,
+                }
+            }
+        }
+        false
+    }
+
     /// Stops this member for good, as etcd stops a removed member (it exits 0 after saying so).
     fn stop_removed(&self) {
         if self.removed.swap(true, Ordering::SeqCst) || *self.stopping.borrow() {
@@ -234,7 +261,7 @@ impl Node {
 /// Starts the tasks that follow membership on `node` until it stops.
 pub(crate) fn follow(node: &Arc<Node>) {
     tokio::spawn(follow_membership(Arc::clone(node)));
-    tokio::spawn(sample_reachability(Arc::clone(node)));
+    tokio::spawn(keep_contact(Arc::clone(node)));
     tokio::spawn(ask_when_leaderless(Arc::clone(node)));
 }
 
@@ -275,27 +302,65 @@ async fn follow_membership(node: Arc<Node>) {
     }
 }
 
-/// Samples openraft's heartbeat metrics for [`reconfig::Reachability`] every heartbeat.
-async fn sample_reachability(node: Arc<Node>) {
-    let fresh = node.config.election_timeout;
-    let mut tick = tokio::time::interval(node.config.heartbeat_interval);
+/// Keeps [`reconfig::Reachability`] current on every member, whatever its role, as etcd's
+/// transport keeps a stream with every peer. A leader's acknowledged heartbeats count as
+/// contact; any peer not heard from for a probe interval (the longer of a heartbeat interval
+/// and a quarter of the election timeout) is sent a [`PeerRequest::Ping`]. Followers hear the
+/// leader's heartbeats and the probed member hears the probe, so in a steady cluster only
+/// followers probe, about once per pair of them per interval; nothing here touches the write
+/// path.
+async fn keep_contact(node: Arc<Node>) {
+    let interval = node.config.heartbeat_interval.max(node.config.election_timeout / 4);
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Probes under way, one per peer at most: a peer that does not answer must not hold up
+    // the probes of the others.
+    let mut probes = tokio::task::JoinSet::new();
+    let mut probing = BTreeSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = node.stopped() => return,
         }
-        let acked = {
+        while let Some(done) = probes.try_join_next() {
+            if let Ok(id) = done {
+                probing.remove(&id);
+            }
+        }
+        if probes.is_empty() {
+            probing.clear();
+        }
+        let now = tokio::time::Instant::now();
+        let (acked, peers) = {
             let m = node.raft.metrics();
             let m = m.borrow_watched();
-            m.heartbeat.as_ref().map(|h| {
-                h.iter()
-                    .filter(|(id, _)| **id != node.id)
-                    .map(|(id, at)| (*id, at.as_ref().map(|t| openraft::Instant::elapsed(&**t))))
-                    .collect::<BTreeMap<u64, Option<Duration>>>()
-            })
+            let acked: Vec<(u64, tokio::time::Instant)> = m
+                .heartbeat
+                .iter()
+                .flat_map(|h| h.iter())
+                .filter_map(|(id, at)| {
+                    let ago = openraft::Instant::elapsed(&**at.as_ref()?);
+                    Some((*id, now.checked_sub(ago)?))
+                })
+                .collect();
+            let peers: BTreeSet<u64> =
+                m.membership_config.membership().nodes().map(|(id, _)| *id).filter(|id| *id != node.id).collect();
+            (acked, peers)
         };
-        node.reach.observe(acked, fresh, tokio::time::Instant::now());
+        for (id, at) in acked {
+            node.reach.heard(id, at);
+        }
+        node.reach.retain(|id| peers.contains(&id));
+        for id in peers {
+            let quiet = node.reach.last_heard(id).is_none_or(|t| now.saturating_duration_since(t) >= interval);
+            if quiet && probing.insert(id) {
+                let node = Arc::clone(&node);
+                probes.spawn(async move {
+                    let _ = node.probe(id).await;
+                    id
+                });
+            }
+        }
     }
 }
 
@@ -320,26 +385,8 @@ async fn ask_when_leaderless(node: Arc<Node>) {
         if since.elapsed() < pause {
             continue;
         }
-        let others: Vec<u64> = node.members().into_iter().map(|(id, _, _)| id).filter(|id| *id != node.id).collect();
-        for peer in others {
-            let mut target = peer;
-            // At most one hop: the member asked names its leader.
-            for _ in 0..2 {
-                match node
-                    .call_peer(target, &PeerRequest::Admin(AdminRequest::Members), node.config.election_timeout)
-                    .await
-                {
-                    Ok(PeerResponse::Admin(members)) => {
-                        if !members.is_empty() && !members.iter().any(|(id, _, _)| *id == node.id) {
-                            node.stop_removed();
-                            return;
-                        }
-                        break;
-                    }
-                    Ok(PeerResponse::NotLeader(Some(l))) if l != node.id => target = l,
-                    _ => break,
-                }
-            }
+        if node.stop_if_removed().await {
+            return;
         }
         leaderless_since = Some(tokio::time::Instant::now());
     }

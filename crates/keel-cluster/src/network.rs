@@ -304,6 +304,10 @@ pub enum PeerRequest {
     CurpDropBelow {
         term: u64,
     },
+    /// Contact: answered with [`PeerResponse::Pong`]. Sent to a peer this member has not heard
+    /// from lately (`membership::keep_contact`); it counts towards the strict reconfiguration
+    /// check on both ends, and tells a removed member soon that it may be removed.
+    Ping,
 }
 
 /// Most appends one stream has sent and not yet had answered. The follower answers an append
@@ -454,6 +458,12 @@ pub enum PeerResponse {
     AdminRefused(crate::reconfig::MemberError),
     /// The leader refused or failed a forwarded request, as the error the client gets.
     Refused(crate::node::NodeError),
+    /// The answer to [`PeerRequest::Ping`]: whether the membership the answering member has
+    /// appended lists the asking one (`false` may also be a member that has not yet appended
+    /// the asker's addition; the asker confirms with the leader before it stops).
+    Pong {
+        listed: bool,
+    },
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.

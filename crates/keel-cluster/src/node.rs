@@ -205,7 +205,8 @@ pub struct Node {
     read_rounds: crate::rounds::Rounds<Result<u64, NodeError>>,
     /// This member, for the task that runs those rounds.
     me: std::sync::Weak<Node>,
-    /// Since when, as leader, this member reaches each peer (the strict reconfiguration check).
+    /// Since when this member has been in contact with each peer (the strict reconfiguration
+    /// check), kept whatever its role.
     pub(crate) reach: crate::reconfig::Reachability,
     /// Each member's current peer URL, for the peer clients (`membership::follow`).
     pub(crate) book: network::AddressBook,
@@ -521,6 +522,7 @@ impl Node {
             id,
             cluster_id,
             request_timeout: config.election_timeout * 5,
+            reach: crate::reconfig::Reachability::new(config.election_timeout),
             config,
             raft,
             sm: shared,
@@ -532,7 +534,6 @@ impl Node {
             front: crate::curp::front::Front::new(),
             witness,
             weak: crate::curp::weak::Weak::new(),
-            reach: Default::default(),
             book,
             removed: Default::default(),
             live_leader: tokio::sync::watch::channel(None).0,
@@ -708,6 +709,32 @@ impl Node {
         let result = peer.call(req, timeout).await;
         self.put_peer(id, peer);
         result.map_err(|e| e.to_string())
+    }
+
+    /// Asks member `id` for a [`PeerRequest::Ping`] and records the outcome for the strict
+    /// reconfiguration check: an answer is contact; a refused connection breaks contact at
+    /// once (etcd's transport notices a closed stream as soon); a slow or lost answer only
+    /// fails to extend it, so a busy machine does not reset the 5 s count. A peer that does
+    /// not list this member has it ask the leader whether it was removed, as etcd's peers
+    /// answer a removed member's messages with "removed" and it stops. Whether it answered.
+    pub(crate) async fn probe(&self, id: u64) -> bool {
+        let Some(mut peer) = self.take_peer(id) else { return false };
+        let result = peer.call(&PeerRequest::Ping, self.config.election_timeout).await;
+        self.put_peer(id, peer);
+        match result {
+            Ok(PeerResponse::Pong { listed }) => {
+                self.reach.heard(id, tokio::time::Instant::now());
+                if !listed {
+                    self.stop_if_removed().await;
+                }
+                true
+            }
+            Err(CallError::Unreachable(_)) => {
+                self.reach.lost(id);
+                false
+            }
+            Ok(_) | Err(_) => false,
+        }
     }
 
     /// Voting members' ids, as the last applied membership lists them.
@@ -943,9 +970,11 @@ impl PeerHandler for Node {
 
     fn stream_append(
         &self,
-        _from: u64,
+        from: u64,
         input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
     ) -> BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>> {
+        // A stream opens per heartbeat and per burst of appends: contact with the leader.
+        self.reach.heard(from, tokio::time::Instant::now());
         Box::pin(self.raft.stream_append(input).map(|r| r.map_err(|fatal| fatal.to_string())))
     }
 
@@ -965,9 +994,15 @@ impl PeerHandler for Node {
         }
     }
 
-    async fn handle(&self, _from: u64, req: PeerRequest) -> PeerResponse {
+    async fn handle(&self, from: u64, req: PeerRequest) -> PeerResponse {
         let fatal = |e: String| PeerResponse::Error(e);
+        self.reach.heard(from, tokio::time::Instant::now());
         match req {
+            PeerRequest::Ping => {
+                let listed =
+                    self.raft.metrics().borrow_watched().membership_config.membership().get_node(&from).is_some();
+                PeerResponse::Pong { listed }
+            }
             PeerRequest::Append(r) => match self.raft.append_entries(r).await {
                 Ok(r) => PeerResponse::Append(r),
                 Err(e) => fatal(e.to_string()),

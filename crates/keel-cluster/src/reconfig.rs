@@ -4,7 +4,8 @@
 //! a promotion.
 //!
 //! The checks are pure functions of a [`Voter`] list, so the quorum arithmetic is tested here;
-//! `Node::handle_admin` gathers the list on the leader. Nothing here talks to Raft or a peer.
+//! `Node::handle_admin` gathers the list on the leader from [`Reachability`], which every
+//! member keeps whatever its role. Nothing here talks to Raft or a peer.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -69,9 +70,11 @@ pub struct Voter {
     pub id: u64,
     /// It has published its name (etcd's `IsStarted`).
     pub started: bool,
-    /// The leader reaches it now (etcd's transport `ActiveSince` is set).
+    /// The leader is in contact with it now (etcd's transport `ActiveSince` is set).
     pub active: bool,
-    /// The leader has reached it for at least [`HEALTH_INTERVAL`] (or it is the leader).
+    /// The leader has been in unbroken contact with it for at least [`HEALTH_INTERVAL`],
+    /// counted from before the leader was elected if the contact began then (or it is the
+    /// leader).
     pub connected: bool,
 }
 
@@ -139,40 +142,71 @@ pub fn learner_ready(learner_matched: Option<u64>, leader_matched: Option<u64>) 
     Ok(())
 }
 
-/// Since when the leader has reached each peer without a gap, from openraft's heartbeat
-/// metrics (the time of each peer's last acknowledged heartbeat or append), sampled by
-/// `Node`'s reachability task. A peer whose last acknowledgement is older than `fresh` is
-/// down; it counts as connected again [`HEALTH_INTERVAL`] after it comes back.
-#[derive(Default)]
+/// Since when this member has been in unbroken contact with each peer, whatever either one's
+/// role (etcd's rafthttp `ActiveSince`, which its transport keeps for every peer across
+/// leader changes). Contact is any peer message that arrived from the peer, any answer it
+/// gave, and, on a leader, its acknowledged heartbeats (`membership::keep_contact` gathers
+/// them and probes a peer it has not heard from lately). Contact is broken by a silence
+/// longer than `fresh` (the election timeout) or a failed probe; the peer then counts again
+/// from its next contact, and as connected [`HEALTH_INTERVAL`] after that.
 pub struct Reachability {
-    since: Mutex<BTreeMap<u64, Instant>>,
+    fresh: Duration,
+    contact: Mutex<BTreeMap<u64, Contact>>,
+}
+
+/// One peer's unbroken contact: when it began and the latest message in it.
+#[derive(Clone, Copy)]
+struct Contact {
+    since: Instant,
+    last: Instant,
 }
 
 impl Reachability {
-    /// Records one sample: `acked` is each peer's time since its last acknowledgement (None:
-    /// never), or None as a whole when this member does not lead (it then knows nothing).
-    pub fn observe(&self, acked: Option<BTreeMap<u64, Option<Duration>>>, fresh: Duration, now: Instant) {
-        let mut since = self.since.lock();
-        let Some(acked) = acked else {
-            since.clear();
-            return;
-        };
-        since.retain(|id, _| acked.get(id).copied().flatten().is_some_and(|d| d <= fresh));
-        for (id, ago) in acked {
-            if ago.is_some_and(|d| d <= fresh) {
-                since.entry(id).or_insert(now);
-            }
+    /// Contact with a peer is broken when nothing was heard from it for `fresh`.
+    pub fn new(fresh: Duration) -> Reachability {
+        Reachability { fresh, contact: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Records that `id` was heard from at `at` (which may lie before the latest contact).
+    pub fn heard(&self, id: u64, at: Instant) {
+        let mut contact = self.contact.lock();
+        let c = contact.entry(id).or_insert(Contact { since: at, last: at });
+        if at.saturating_duration_since(c.last) > self.fresh {
+            c.since = at;
         }
+        c.last = c.last.max(at);
     }
 
-    /// Whether the leader reaches `id` now.
-    pub fn active(&self, id: u64) -> bool {
-        self.since.lock().contains_key(&id)
+    /// Records that `id` could not be reached: its contact is broken now.
+    pub fn lost(&self, id: u64) {
+        self.contact.lock().remove(&id);
     }
 
-    /// Whether the leader has reached `id` for at least [`HEALTH_INTERVAL`] by `now`.
+    /// Forgets every peer `keep` refuses (members that left).
+    pub fn retain(&self, keep: impl Fn(u64) -> bool) {
+        self.contact.lock().retain(|id, _| keep(*id));
+    }
+
+    /// When `id` was last heard from in its current contact, if it has one.
+    pub fn last_heard(&self, id: u64) -> Option<Instant> {
+        self.contact.lock().get(&id).map(|c| c.last)
+    }
+
+    /// Since when `id` has been in unbroken contact by `now` (None: not in contact).
+    fn since(&self, id: u64, now: Instant) -> Option<Instant> {
+        let contact = self.contact.lock();
+        let c = contact.get(&id)?;
+        (now.saturating_duration_since(c.last) <= self.fresh).then_some(c.since)
+    }
+
+    /// Whether this member is in contact with `id` at `now`.
+    pub fn active(&self, id: u64, now: Instant) -> bool {
+        self.since(id, now).is_some()
+    }
+
+    /// Whether this member has been in contact with `id` for at least [`HEALTH_INTERVAL`].
     pub fn connected(&self, id: u64, now: Instant) -> bool {
-        self.since.lock().get(&id).is_some_and(|t| now.saturating_duration_since(*t) >= HEALTH_INTERVAL)
+        self.since(id, now).is_some_and(|t| now.saturating_duration_since(t) >= HEALTH_INTERVAL)
     }
 }
 
@@ -243,21 +277,35 @@ mod tests {
     }
 
     #[test]
-    fn reachability_counts_from_the_first_fresh_sample_and_forgets_a_gap() {
-        let r = Reachability::default();
-        let t0 = Instant::now();
+    fn contact_counts_from_its_start_and_a_silence_or_failure_breaks_it() {
         let fresh = Duration::from_millis(500);
-        let sample = |d: Option<Duration>| Some(BTreeMap::from([(2, d)]));
-        r.observe(sample(Some(Duration::from_millis(10))), fresh, t0);
-        assert!(r.active(2) && !r.connected(2, t0 + Duration::from_secs(1)));
-        r.observe(sample(Some(Duration::from_millis(10))), fresh, t0 + Duration::from_secs(3));
+        let r = Reachability::new(fresh);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(!r.active(2, t0));
+        r.heard(2, t0);
+        assert!(r.active(2, t0 + ms(400)) && !r.connected(2, t0 + ms(400)));
+        // Heard every 400 ms: unbroken, connected once 5 s have passed since the first.
+        for i in 1..=13 {
+            r.heard(2, t0 + ms(400 * i));
+        }
         assert!(r.connected(2, t0 + HEALTH_INTERVAL));
-        // A gap: down, and counted again from its return.
-        r.observe(sample(Some(Duration::from_secs(2))), fresh, t0 + Duration::from_secs(6));
-        assert!(!r.active(2));
-        r.observe(sample(Some(Duration::from_millis(1))), fresh, t0 + Duration::from_secs(7));
-        assert!(!r.connected(2, t0 + Duration::from_secs(8)));
-        r.observe(None, fresh, t0 + Duration::from_secs(20));
-        assert!(!r.active(2));
+        // A late report of an older message neither breaks nor extends the contact.
+        r.heard(2, t0 + ms(100));
+        assert!(r.connected(2, t0 + ms(5300)));
+        // Silent for longer than `fresh`: not active, and counted again from its return.
+        assert!(!r.active(2, t0 + ms(5800)));
+        r.heard(2, t0 + ms(6000));
+        assert!(r.active(2, t0 + ms(6000)) && !r.connected(2, t0 + ms(6400)));
+        for i in 1..=13 {
+            r.heard(2, t0 + ms(6000 + 400 * i));
+        }
+        assert!(r.connected(2, t0 + ms(11200)));
+        // A failed probe breaks the contact at once.
+        r.lost(2);
+        assert!(!r.active(2, t0 + ms(11200)));
+        r.heard(3, t0);
+        r.retain(|id| id != 3);
+        assert_eq!(r.last_heard(3), None);
     }
 }

@@ -366,3 +366,155 @@ async fn removing_the_last_member_is_refused_as_etcd_does() {
     c.put("still", "serving", None).await.unwrap();
     stop_all(servers).await;
 }
+
+/// Cuts (or heals) every link between member `id` and the others, both ways; the process
+/// keeps running.
+fn isolate(ids: &[u64], id: u64, cut: bool) {
+    for &other in ids.iter().filter(|o| **o != id) {
+        keel_cluster::network::faults::set_cut(id, other, cut);
+        keel_cluster::network::faults::set_cut(other, id, cut);
+    }
+}
+
+/// Moves leadership from `leader` to `target` and waits until both name `target`.
+async fn move_leader_to(servers: &[Option<Server>], ip: &str, leader: u64, target: u64) {
+    let index = |id: u64| servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == id)).unwrap();
+    client(&client_url(ip, index(leader))).await.move_leader(target).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while [leader, target].iter().any(|id| servers[index(*id)].as_ref().unwrap().node.leader() != Some(target)) {
+        assert!(Instant::now() < deadline, "{target:x} never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Longer than etcd's `HealthInterval` (5 s): every member counts as connected to the others.
+const CONNECTED_AFTER: Duration = Duration::from_secs(6);
+
+/// etcd counts a peer as connected from when its transport reached it, whoever led then: right
+/// after a leader change, the new leader accepts an add at once (keel used to count from the
+/// election and refused every change for 5 s after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_add_right_after_a_leader_change_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(120);
+    let names = ["l1", "l2", "l3"];
+    let servers = start_cluster(dir.path(), &ip, &names).await;
+    tokio::time::sleep(CONNECTED_AFTER).await;
+    let leader = common::wait_leader(&servers, 20).await;
+    let target = servers.iter().flatten().map(|s| s.node.id).find(|id| *id != leader).unwrap();
+    move_leader_to(&servers, &ip, leader, target).await;
+
+    let at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == target)).unwrap();
+    let mut c = client(&client_url(&ip, at)).await;
+    let learner = Some(MemberAddOptions::new().with_is_learner());
+    let added = c.member_add([peer_url(&ip, 6)], learner).await.expect("an add right after a leader change");
+    assert!(added.member().unwrap().is_learner());
+    // The removal of a live voter too: the two left are connected.
+    let other = servers.iter().flatten().map(|s| s.node.id).find(|id| *id != leader && *id != target).unwrap();
+    let removed = c.member_remove(other).await.expect("a removal right after a leader change");
+    assert!(!removed.members().iter().any(|m| m.id() == other));
+    stop_all(servers).await;
+}
+
+/// A member that runs but that no message reaches (both ways cut) is not connected, also for
+/// a leader elected after the cut that had been in contact with it before: an add and the
+/// removal of another live member are refused. Healed, it counts again only 5 s after its
+/// return, as in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_strict_check_refuses_while_a_running_member_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(121);
+    let names = ["k1", "k2", "k3"];
+    let servers = start_cluster(dir.path(), &ip, &names).await;
+    tokio::time::sleep(CONNECTED_AFTER).await;
+    let ids: Vec<u64> = servers.iter().flatten().map(|s| s.node.id).collect();
+    let leader = common::wait_leader(&servers, 20).await;
+    let target = *ids.iter().find(|id| **id != leader).unwrap();
+    let cut = *ids.iter().find(|id| **id != leader && **id != target).unwrap();
+    isolate(&ids, cut, true);
+    // Longer than an election timeout: the contact has lapsed on every member.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    move_leader_to(&servers, &ip, leader, target).await;
+    let cut_at = servers.iter().position(|s| s.as_ref().is_some_and(|s| s.node.id == cut)).unwrap();
+    let mut c = client(&client_url(&ip, (cut_at + 1) % 3)).await;
+    let learner = || Some(MemberAddOptions::new().with_is_learner());
+
+    assert_refused(c.member_add([peer_url(&ip, 6)], learner()).await, tonic::Code::Unavailable, UNHEALTHY);
+    assert_refused(c.member_remove(leader).await, tonic::Code::Unavailable, UNHEALTHY);
+
+    isolate(&ids, cut, false);
+    // Back, but not yet for 5 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_refused(c.member_add([peer_url(&ip, 6)], learner()).await, tonic::Code::Unavailable, UNHEALTHY);
+    let added = when_healthy(|| {
+        let (mut c, url) = (c.clone(), peer_url(&ip, 6));
+        async move { c.member_add([url], learner()).await }
+    })
+    .await;
+    assert!(added.member().unwrap().is_learner());
+    stop_all(servers).await;
+}
+
+/// A removed follower stops soon, as etcd's does when its peers answer it "removed": its
+/// contact probe finds that the leader no longer lists it. The election timeout here is long
+/// (3 s), so that the other way a removed member learns it, after hearing from no leader for
+/// four election timeouts, cannot come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_follower_learns_it_from_its_contact_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(122);
+    let names = ["p1", "p2", "p3"];
+    let slow = |i| ServeConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        election_timeout: Duration::from_secs(3),
+        strict_reconfig_check: false,
+        ..config(dir.path(), &ip, &names, i)
+    };
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        servers.push(Some(common::start_retrying(slow(i), 20).await));
+    }
+    let leader = common::wait_leader(&servers, 30).await;
+    let follower = servers.iter().flatten().position(|s| s.node.id != leader).unwrap();
+    let follower_id = servers[follower].as_ref().unwrap().node.id;
+    let mut c = client(&client_url(&ip, (follower + 1) % 3)).await;
+    c.member_remove(follower_id).await.unwrap();
+    let removed_at = Instant::now();
+    let gone = servers[follower].take().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), gone.node.stopped()).await.expect("the removed member must stop");
+    let took = removed_at.elapsed();
+    assert!(gone.node.removed.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(took < Duration::from_secs(9), "stopped after {took:?}: not by its probe");
+    gone.stop().await;
+    stop_all(servers).await;
+}
+
+/// etcd stops at once on SIGTERM when no peer is reached to take over leadership: a member
+/// whose added voter never started (its log's last entry cannot commit) and the last running
+/// member of three do not wait for a hand-over or an apply that cannot happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_does_not_wait_for_members_that_are_down() {
+    // Far longer than the stops may take: waiting for the bound fails the test.
+    let bound = Duration::from_secs(60);
+    let stop = |s: Server| async move {
+        tokio::time::timeout(Duration::from_secs(20), s.stop_gracefully(bound))
+            .await
+            .expect("waited for a member that is down")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(123);
+    let mut servers = start_cluster(dir.path(), &ip, &["g1"]).await;
+    let mut c = client(&client_url(&ip, 0)).await;
+    c.member_add([peer_url(&ip, 1)], None).await.unwrap();
+    // An open client connection is one the stop rightly waits for.
+    drop(c);
+    assert_eq!(stop(servers[0].take().unwrap()).await, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ip = common::loopback_ip(124);
+    let mut servers = start_cluster(dir.path(), &ip, &["h1", "h2", "h3"]).await;
+    for s in servers.iter_mut().take(2) {
+        stop(s.take().unwrap()).await;
+    }
+    assert_eq!(stop(servers[2].take().unwrap()).await, None);
+}

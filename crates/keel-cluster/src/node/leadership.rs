@@ -66,9 +66,16 @@ pub(super) async fn follow(node: Arc<Node>) {
     loop {
         // openraft's instants convert to ages, and ages to our instants.
         let now = Instant::now();
-        let (leader, term, acked) = {
+        // The voters as appended (openraft counts a configuration from its append): a sole voter
+        // that appended a second one needs that one's acknowledgement from then on.
+        let (leader, term, acked, sole_voter) = {
             let m = metrics.borrow_watched();
-            (m.current_leader, m.current_term, m.last_quorum_acked.as_ref().and_then(|t| now.checked_sub(t.elapsed())))
+            (
+                m.current_leader,
+                m.current_term,
+                m.last_quorum_acked.as_ref().and_then(|t| now.checked_sub(t.elapsed())),
+                m.membership_config.membership().voter_ids().eq([node.id]),
+            )
         };
         if leader == Some(node.id) {
             if leading.is_none_or(|(t, _)| t != term) {
@@ -104,7 +111,7 @@ pub(super) async fn follow(node: Arc<Node>) {
             quorum_acked: acked,
             leading_since: leading.map(|(_, at)| at),
             leader_contact: contact,
-            sole_voter: node.voters() == [node.id],
+            sole_voter,
         };
         let live = judge(&view, now, lease);
         node.live_leader.send_if_modified(|l| {
@@ -253,10 +260,16 @@ impl Node {
     /// Waits (until `deadline`) until this member has applied every entry its log holds now:
     /// a write it proposed as leader, or a follower forwarded to it, is answered before it
     /// stops (its new leader commits them; the hand-over made sure that leader holds them).
+    /// Without a live leader nothing in the log commits (a member left alone, a voter added
+    /// and not yet started): it waits no longer than there is one, as etcd does not wait.
     pub async fn settle(&self, deadline: Instant) {
         let last = self.raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
         let mut applied = self.sm.applied_tx.subscribe();
-        let _ = tokio::time::timeout_at(deadline, applied.wait_for(|a| *a >= last)).await;
+        let mut live = self.live_leader.subscribe();
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, applied.wait_for(|a| *a >= last)) => {}
+            _ = live.wait_for(|l| l.is_none()) => {}
+        }
         // The other members route to the new leader once its first heartbeats reach them;
         // until then a write they send here is answered "not leader" (and sent on) rather
         // than cut off by this member's connections closing.
@@ -272,6 +285,11 @@ impl Node {
         self.handover_target()?;
         // A third of the bound to find a caught-up voter; the transfer has the rest.
         let target = self.caught_up_target(Instant::now() + bound / 3).await?;
+        // A member that stopped a moment ago may still look recent in openraft's heartbeat
+        // times; etcd's transport knows at once that its stream closed, and a probe tells the same.
+        if !self.probe(target).await {
+            return None;
+        }
         let new = self.transfer_leadership(target, deadline).await.ok()?;
         // Wait (within the same bound) until this member also routes to the new leader, so that
         // requests still arriving here are forwarded instead of refused.
