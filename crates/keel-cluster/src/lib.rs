@@ -202,15 +202,20 @@ async fn publish_attributes(node: Arc<Node>, done: tokio::sync::watch::Sender<bo
             return;
         }
         let req = types::Request::new(types::RequestKind::Publish, body.clone());
+        // Each attempt is bounded by an election timeout, not the request timeout: a proposal
+        // caught in the first election (sent to a member that stopped leading) would otherwise
+        // hold the ready line for 5 s. Publishing again is harmless: the loop checks first
+        // whether an earlier attempt was applied.
+        let attempt = node.config.election_timeout.max(Duration::from_millis(500));
         tokio::select! {
-            r = node.write(req) => if let Ok(types::Response::Ok(_)) = r {
+            r = tokio::time::timeout(attempt, node.write(req)) => if let Ok(Ok(types::Response::Ok(_))) = r {
                 done.send_replace(true);
                 return;
             },
             _ = node.stopped() => return,
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(node.config.heartbeat_interval * 2) => {}
             _ = node.stopped() => return,
         }
     }
