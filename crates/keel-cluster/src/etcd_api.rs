@@ -178,11 +178,24 @@ impl Api {
         auth: AuthStamp,
         deadline: tokio::time::Instant,
     ) -> Result<T, Status> {
+        self.propose_applied_until(kind, body, auth, deadline).await?.map_err(apply_status)
+    }
+
+    /// [`Api::propose_until`] with the apply result kept typed: `Ok(Err(e))` when the request
+    /// was applied and refused (a caller that handles one of them matches the type, never the
+    /// message of the status it becomes).
+    pub(crate) async fn propose_applied_until<T: Message + Default>(
+        &self,
+        kind: RequestKind,
+        body: Vec<u8>,
+        auth: AuthStamp,
+        deadline: tokio::time::Instant,
+    ) -> Result<Result<T, ApplyError>, Status> {
         self.check_size(body.len())?;
         let req = Request::with_auth(kind, body, auth);
         match self.node.write_until(req, deadline).await.map_err(node_status)? {
-            Response::Ok(bytes) => T::decode(bytes.as_slice()).map_err(|e| Status::internal(e.to_string())),
-            Response::Err(e) => Err(apply_status(e)),
+            Response::Ok(bytes) => T::decode(bytes.as_slice()).map(Ok).map_err(|e| Status::internal(e.to_string())),
+            Response::Err(e) => Ok(Err(e)),
         }
     }
 

@@ -634,12 +634,18 @@ impl PbLeaseService for Api {
             if chosen {
                 req.id = self.node.sm.lessor.choose_id(self.node.id);
             }
+            let deadline = self.node.default_deadline();
             match self
-                .propose::<PbLeaseGrantResponse>(RequestKind::LeaseGrant, req.encode_to_vec(), stamp.clone())
-                .await
+                .propose_applied_until::<PbLeaseGrantResponse>(
+                    RequestKind::LeaseGrant,
+                    req.encode_to_vec(),
+                    stamp.clone(),
+                    deadline,
+                )
+                .await?
             {
-                Err(e) if chosen && e.message() == ApplyError::LeaseExist.to_string() => continue,
-                Err(e) => return Err(e),
+                Err(ApplyError::LeaseExist) if chosen => continue,
+                Err(e) => return Err(apply_status(e)),
                 Ok(mut resp) => {
                     self.fill(&mut resp.header);
                     return Ok(GrpcResponse::new(resp));

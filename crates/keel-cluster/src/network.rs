@@ -464,6 +464,9 @@ pub enum PeerResponse {
     Pong {
         listed: bool,
     },
+    /// The receiver ended a snapshot transfer on a bad chunk (out of step, past its length, a
+    /// checksum or layout that does not match); why, for the log. The sender starts over.
+    SnapshotRefused(String),
 }
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes.
@@ -921,7 +924,7 @@ pub async fn receive_snapshot_chunk<H: PeerHandler>(
         Err(e) => {
             *slot = None;
             faults::count_snapshot_refused();
-            PeerResponse::Error(format!("snapshot refused: {e}"))
+            PeerResponse::SnapshotRefused(e.to_string())
         }
         Ok(None) => PeerResponse::SnapshotReceived(slot.as_ref().map_or(0, |s| s.received)),
         Ok(Some(done)) => handler.install_snapshot(done.0, done.1, done.2).await,
@@ -1293,7 +1296,7 @@ mod tests {
             let bytes = file_bytes(&[5u8; 3000]);
             let len = bytes.len() as u64;
             let sum = xxhash_rust::xxh3::xxh3_128(&bytes);
-            let refused = |r: PeerResponse| matches!(r, PeerResponse::Error(e) if e.starts_with("snapshot refused"));
+            let refused = |r: PeerResponse| matches!(r, PeerResponse::SnapshotRefused(_));
             let mut slot = None;
 
             // No transfer begun.
