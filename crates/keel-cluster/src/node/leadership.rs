@@ -206,8 +206,10 @@ impl Node {
                 None if Instant::now() >= deadline => return None,
                 _ => {}
             }
-            // Replication and heartbeat progress both show in the metrics.
-            let _ = tokio::time::timeout_at(deadline, metrics.changed()).await;
+            // Replication and heartbeat progress both show in the metrics; Raft gone, no target.
+            if let Ok(Err(_)) = tokio::time::timeout_at(deadline, metrics.changed()).await {
+                return None;
+            }
         }
     }
 
