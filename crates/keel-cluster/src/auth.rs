@@ -40,8 +40,7 @@ pub const META_KEYS: [&[u8]; 3] = [ENABLED_KEY, REVISION_KEY, SECRET_KEY];
 pub const ROOT: &str = "root";
 /// etcd's default bcrypt cost.
 pub const BCRYPT_COST: u32 = 10;
-/// etcd's `--auth-token-ttl` default, in seconds (`ServeConfig::auth_token_ttl`).
-pub const TOKEN_TTL_S: u64 = 300;
+pub use crate::config::TOKEN_TTL_S;
 
 /// etcd's permission types (authpb.Permission.Type).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,54 +21,14 @@ use std::time::{Duration, Instant};
 use etcd_client::proto::PbCompactionRequest;
 use prost::Message;
 
-use crate::config::ConfigError;
+pub use crate::config::AutoCompaction;
 use crate::node::Node;
 use crate::types::{Request, RequestKind, Response};
-
-/// What `--auto-compaction-*` asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AutoCompaction {
-    /// Retention 0: no automatic compaction (etcd's default).
-    #[default]
-    Off,
-    /// Keep this much time of history.
-    Periodic(Duration),
-    /// Keep this many revisions of history.
-    Revisions(i64),
-}
 
 /// etcd's check interval in revision mode.
 pub const REVISION_MODE_INTERVAL: Duration = Duration::from_secs(300);
 
 impl AutoCompaction {
-    /// Parses etcd's flags: mode `periodic` (the default) takes a duration (`90s`, `30m`,
-    /// `1h`) or a bare number of hours; mode `revision` takes a number of revisions. `0`
-    /// turns compaction off in either mode.
-    pub fn parse(mode: &str, retention: &str) -> Result<AutoCompaction, ConfigError> {
-        let bad = |why: &str| ConfigError::Invalid { flag: "--auto-compaction-retention", why: why.to_string() };
-        let retention = retention.trim();
-        match mode {
-            "periodic" => {
-                let d = parse_duration(retention).ok_or_else(|| {
-                    bad(&format!("{retention:?} is not a duration (like 30m, 1h) or a number of hours"))
-                })?;
-                Ok(if d.is_zero() { AutoCompaction::Off } else { AutoCompaction::Periodic(d) })
-            }
-            "revision" => {
-                let n: i64 = retention
-                    .parse()
-                    .ok()
-                    .filter(|n| *n >= 0)
-                    .ok_or_else(|| bad(&format!("{retention:?} is not a number of revisions")))?;
-                Ok(if n == 0 { AutoCompaction::Off } else { AutoCompaction::Revisions(n) })
-            }
-            other => Err(ConfigError::Invalid {
-                flag: "--auto-compaction-mode",
-                why: format!("{other:?} is neither periodic nor revision"),
-            }),
-        }
-    }
-
     /// How often the compactor looks.
     pub fn interval(&self) -> Option<Duration> {
         match self {
@@ -77,37 +37,6 @@ impl AutoCompaction {
             AutoCompaction::Revisions(_) => Some(REVISION_MODE_INTERVAL),
         }
     }
-}
-
-/// `1h`, `30m`, `90s`, `500ms`, `1h30m`, or a bare number of hours (etcd's periodic unit).
-fn parse_duration(text: &str) -> Option<Duration> {
-    if let Ok(hours) = text.parse::<u64>() {
-        return hours.checked_mul(3600).map(Duration::from_secs);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
-        if digits == 0 {
-            return None;
-        }
-        let n: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "h" => Duration::from_secs(3600),
-            "m" => Duration::from_secs(60),
-            "s" => Duration::from_secs(1),
-            "ms" => Duration::from_millis(1),
-            _ => return None,
-        };
-        total = total.checked_add(unit.checked_mul(u32::try_from(n).ok()?)?)?;
-        rest = &rest[unit_len..];
-    }
-    Some(total)
 }
 
 /// The decision of one tick, kept apart from the clock and the node so it can be tested.

@@ -10,6 +10,13 @@ use keeldb::fs::{FileSystem, StdFs};
 
 use crate::types::Member;
 
+/// etcd's simple-token lifetime (`--auth-token-ttl`, seconds).
+pub const TOKEN_TTL_S: u64 = 300;
+
+/// How many bytes of weakly ordered CURP commands a member queues at most (the default of
+/// `curp_weak_queue_bytes`).
+pub const CURP_WEAK_MAX_QUEUED_BYTES: usize = 64 << 20;
+
 /// Errors in a member's configuration or data directory.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -211,7 +218,7 @@ pub struct ServeConfig {
     /// simulated disk from `keel-testkit`). No flag sets it.
     pub fs: Arc<dyn FileSystem>,
     /// `--auto-compaction-mode` and `--auto-compaction-retention` (off by default, as etcd).
-    pub auto_compaction: crate::compactor::AutoCompaction,
+    pub auto_compaction: AutoCompaction,
     /// How often the compactor looks, instead of the mode's own interval (tests; no flag).
     pub auto_compaction_interval: Option<Duration>,
     /// How often an idle watcher that asked for progress notifications gets one (etcd's
@@ -251,14 +258,14 @@ impl Default for ServeConfig {
             snapshot_count: 10_000,
             snapshot_bytes_percent: 50,
             max_request_bytes: 1536 * 1024,
-            auth_token_ttl: Duration::from_secs(crate::auth::TOKEN_TTL_S),
+            auth_token_ttl: Duration::from_secs(TOKEN_TTL_S),
             client_tls: TlsFiles::default(),
             peer_tls: TlsFiles::default(),
             fs: Arc::new(StdFs),
-            auto_compaction: crate::compactor::AutoCompaction::Off,
+            auto_compaction: AutoCompaction::Off,
             auto_compaction_interval: None,
             watch_progress_notify_interval: Duration::from_secs(600),
-            curp_weak_queue_bytes: crate::curp::weak::MAX_QUEUED_BYTES,
+            curp_weak_queue_bytes: CURP_WEAK_MAX_QUEUED_BYTES,
             max_concurrent_streams: u32::MAX,
             strict_reconfig_check: true,
             pre_vote: true,
@@ -445,6 +452,79 @@ impl ServeConfig {
             client_urls: self.advertise_client_urls.clone(),
         }
     }
+}
+
+/// What `--auto-compaction-*` asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AutoCompaction {
+    /// Retention 0: no automatic compaction (etcd's default).
+    #[default]
+    Off,
+    /// Keep this much time of history.
+    Periodic(Duration),
+    /// Keep this many revisions of history.
+    Revisions(i64),
+}
+
+impl AutoCompaction {
+    /// Parses etcd's flags: mode `periodic` (the default) takes a duration (`90s`, `30m`,
+    /// `1h`) or a bare number of hours; mode `revision` takes a number of revisions. `0`
+    /// turns compaction off in either mode.
+    pub fn parse(mode: &str, retention: &str) -> Result<AutoCompaction, ConfigError> {
+        let bad = |why: &str| ConfigError::Invalid { flag: "--auto-compaction-retention", why: why.to_string() };
+        let retention = retention.trim();
+        match mode {
+            "periodic" => {
+                let d = parse_duration(retention).ok_or_else(|| {
+                    bad(&format!("{retention:?} is not a duration (like 30m, 1h) or a number of hours"))
+                })?;
+                Ok(if d.is_zero() { AutoCompaction::Off } else { AutoCompaction::Periodic(d) })
+            }
+            "revision" => {
+                let n: i64 = retention
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 0)
+                    .ok_or_else(|| bad(&format!("{retention:?} is not a number of revisions")))?;
+                Ok(if n == 0 { AutoCompaction::Off } else { AutoCompaction::Revisions(n) })
+            }
+            other => Err(ConfigError::Invalid {
+                flag: "--auto-compaction-mode",
+                why: format!("{other:?} is neither periodic nor revision"),
+            }),
+        }
+    }
+}
+
+/// `1h`, `30m`, `90s`, `500ms`, `1h30m`, or a bare number of hours (etcd's periodic unit).
+fn parse_duration(text: &str) -> Option<Duration> {
+    if let Ok(hours) = text.parse::<u64>() {
+        return hours.checked_mul(3600).map(Duration::from_secs);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "h" => Duration::from_secs(3600),
+            "m" => Duration::from_secs(60),
+            "s" => Duration::from_secs(1),
+            "ms" => Duration::from_millis(1),
+            _ => return None,
+        };
+        total = total.checked_add(unit.checked_mul(u32::try_from(n).ok()?)?)?;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
 }
 
 #[cfg(test)]

@@ -31,9 +31,7 @@ use crate::types::Response;
 
 /// Weak writes one session may have accepted here and not yet applied.
 pub const MAX_QUEUED: usize = 1024;
-/// Bytes of weak writes (request bodies) all sessions may have queued here at once, by default
-/// (`ServeConfig::curp_weak_queue_bytes`).
-pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+pub use crate::config::CURP_WEAK_MAX_QUEUED_BYTES as MAX_QUEUED_BYTES;
 /// Sessions with weak writes this replica tracks at once.
 pub const MAX_SESSIONS: usize = 10_000;
 /// A session with nothing queued is forgotten after this long without a weak write.
