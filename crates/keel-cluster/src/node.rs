@@ -24,9 +24,10 @@ use crate::config::{is_https, ConfigError, ServeConfig};
 use crate::files;
 use crate::log_store::LogStore;
 use crate::network::{self, AdminRequest, CallError, Network, PeerClient, PeerHandler, PeerRequest, PeerResponse};
+use crate::state_machine::Raft;
 use crate::state_machine::{Shared, StateMachine};
 use crate::tls::PeerTls;
-use crate::types::{Member, Raft, Request, Response, TypeConfig};
+use crate::types::{Member, Request, Response, TypeConfig};
 
 mod leadership;
 

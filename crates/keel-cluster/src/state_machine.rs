@@ -39,6 +39,10 @@ use crate::types::{
 
 const APPLIED_KEY: &[u8] = b"applied";
 const MEMBERSHIP_KEY: &[u8] = b"membership";
+
+/// The Raft handle: openraft over this state machine.
+pub type Raft = openraft::Raft<crate::types::TypeConfig, StateMachine>;
+
 /// Table of members' published attributes: id (big-endian) → bincode `Member`.
 pub const MEMBERS: &str = "members";
 

@@ -24,8 +24,6 @@ pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 /// A snapshot's metadata.
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
-/// The Raft handle.
-pub type Raft = openraft::Raft<TypeConfig, crate::state_machine::StateMachine>;
 
 /// A cluster member as etcd describes one: its name and the URLs peers and clients use.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]

@@ -37,7 +37,8 @@ use parking_lot::Mutex;
 use super::witness::{self, Footprint};
 use super::CommandId;
 use crate::node::NodeError;
-use crate::types::{Raft, Request, Response};
+use crate::state_machine::Raft;
+use crate::types::{Request, Response};
 
 /// A write the leader proposed and has not yet applied.
 struct Pending {
