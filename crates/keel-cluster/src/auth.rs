@@ -147,52 +147,7 @@ pub enum AuthOp {
     },
 }
 
-/// Who sent a request and the auth revision its permissions were checked at; stamped on every
-/// proposed request (see [`AuthState::admit`]).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-pub struct AuthStamp {
-    pub user: Option<String>,
-    pub revision: u64,
-}
-
-/// etcd's auth errors, with rpctypes' messages; [`AuthError::status`] gives the gRPC codes.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
-    #[error("etcdserver: root user does not exist")]
-    RootUserNotExist,
-    #[error("etcdserver: root user does not have root role")]
-    RootRoleNotExist,
-    #[error("etcdserver: user name already exists")]
-    UserAlreadyExist,
-    #[error("etcdserver: user name is empty")]
-    UserEmpty,
-    #[error("etcdserver: user name not found")]
-    UserNotFound,
-    #[error("etcdserver: role name already exists")]
-    RoleAlreadyExist,
-    #[error("etcdserver: role name not found")]
-    RoleNotFound,
-    #[error("etcdserver: role name is empty")]
-    RoleEmpty,
-    #[error("etcdserver: authentication failed, invalid user ID or password")]
-    AuthFailed,
-    #[error("etcdserver: permission not given")]
-    PermissionNotGiven,
-    #[error("etcdserver: permission denied")]
-    PermissionDenied,
-    #[error("etcdserver: role is not granted to the user")]
-    RoleNotGranted,
-    #[error("etcdserver: permission is not granted to the role")]
-    PermissionNotGranted,
-    #[error("etcdserver: authentication is not enabled")]
-    AuthNotEnabled,
-    #[error("etcdserver: invalid auth token")]
-    InvalidAuthToken,
-    #[error("etcdserver: invalid auth management")]
-    InvalidAuthMgmt,
-    #[error("etcdserver: revision of auth store is old")]
-    AuthOldRevision,
-}
+pub use crate::types::{AuthError, AuthStamp};
 
 impl AuthError {
     /// The status etcd answers with (rpctypes).

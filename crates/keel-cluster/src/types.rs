@@ -82,7 +82,7 @@ pub struct Request {
     /// Who sent it and the auth revision its permissions were checked at (`None`: an internal
     /// request, or one proposed before auth existed).
     #[serde(default)]
-    pub auth: Option<crate::auth::AuthStamp>,
+    pub auth: Option<AuthStamp>,
 }
 
 impl Request {
@@ -93,7 +93,7 @@ impl Request {
     }
 
     /// A client's request, stamped with who sent it and the auth revision it was checked at.
-    pub fn with_auth(kind: RequestKind, body: Vec<u8>, auth: crate::auth::AuthStamp) -> Request {
+    pub fn with_auth(kind: RequestKind, body: Vec<u8>, auth: AuthStamp) -> Request {
         Request { auth: Some(auth), ..Request::new(kind, body) }
     }
 }
@@ -142,5 +142,53 @@ pub enum ApplyError {
     LeaseTtlTooLarge,
     /// Refused by authentication or authorization (etcd's auth errors).
     #[error("{0}")]
-    Auth(crate::auth::AuthError),
+    Auth(AuthError),
+}
+
+/// Who sent a request and the auth revision its permissions were checked at; stamped on every
+/// proposed request (see `auth::AuthState::admit`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct AuthStamp {
+    pub user: Option<String>,
+    pub revision: u64,
+}
+
+/// etcd's auth errors, with rpctypes' messages; `AuthError::status` (in `auth.rs`) gives the
+/// gRPC codes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExist,
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExist,
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    #[error("etcdserver: authentication failed, invalid user ID or password")]
+    AuthFailed,
+    #[error("etcdserver: permission not given")]
+    PermissionNotGiven,
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    #[error("etcdserver: authentication is not enabled")]
+    AuthNotEnabled,
+    #[error("etcdserver: invalid auth token")]
+    InvalidAuthToken,
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthMgmt,
+    #[error("etcdserver: revision of auth store is old")]
+    AuthOldRevision,
 }
