@@ -402,25 +402,14 @@ impl PeerTls {
             s.set_nodelay(true)?;
         }
         if !https {
-            return Ok(match stream {
-                RawPeer::Tcp(s) => PeerStream::Plain(s),
-                RawPeer::Unix(s) => PeerStream::Unix(s),
-            });
+            return Ok(stream.plain());
         }
         let Some(acceptor) = &self.acceptor else {
             return Err(io::Error::other("https peer listener without --peer-cert-file"));
         };
-        let timed_out = |_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out");
-        let failed = |e: io::Error| io::Error::new(e.kind(), format!("peer TLS handshake failed: {e}"));
         Ok(match stream {
-            RawPeer::Tcp(s) => {
-                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await.map_err(timed_out)?;
-                PeerStream::Tls(Box::new(tls.map_err(failed)?.into()))
-            }
-            RawPeer::Unix(s) => {
-                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await.map_err(timed_out)?;
-                PeerStream::UnixTls(Box::new(tls.map_err(failed)?.into()))
-            }
+            RawPeer::Tcp(s) => PeerStream::Tls(Box::new(handshake(acceptor.accept(s), "").await?.into())),
+            RawPeer::Unix(s) => PeerStream::UnixTls(Box::new(handshake(acceptor.accept(s), "").await?.into())),
         })
     }
 
@@ -438,10 +427,7 @@ impl PeerTls {
             RawPeer::Tcp(stream)
         };
         if !is_https(url) {
-            return Ok(match raw {
-                RawPeer::Tcp(s) => PeerStream::Plain(s),
-                RawPeer::Unix(s) => PeerStream::Unix(s),
-            });
+            return Ok(raw.plain());
         }
         let Some(connector) = &self.connector else {
             return Err(io::Error::other(format!(
@@ -452,18 +438,11 @@ impl PeerTls {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("peer URL {url}: {e}")))?;
-        let timed_out = |_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out");
-        let failed = |e: io::Error| io::Error::new(e.kind(), format!("peer TLS handshake with {url} failed: {e}"));
+        let with = format!("with {url} ");
         Ok(match raw {
-            RawPeer::Tcp(s) => {
-                let tls =
-                    tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, s)).await.map_err(timed_out)?;
-                PeerStream::Tls(Box::new(tls.map_err(failed)?.into()))
-            }
+            RawPeer::Tcp(s) => PeerStream::Tls(Box::new(handshake(connector.connect(name, s), &with).await?.into())),
             RawPeer::Unix(s) => {
-                let tls =
-                    tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, s)).await.map_err(timed_out)?;
-                PeerStream::UnixTls(Box::new(tls.map_err(failed)?.into()))
+                PeerStream::UnixTls(Box::new(handshake(connector.connect(name, s), &with).await?.into()))
             }
         })
     }
@@ -574,6 +553,25 @@ pub enum PeerStream {
 pub enum RawPeer {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl RawPeer {
+    /// The socket as a connection without TLS.
+    fn plain(self) -> PeerStream {
+        match self {
+            RawPeer::Tcp(s) => PeerStream::Plain(s),
+            RawPeer::Unix(s) => PeerStream::Unix(s),
+        }
+    }
+}
+
+/// A TLS handshake (either side, either socket), bounded by [`HANDSHAKE_TIMEOUT`]; `with`
+/// names the other side in the error ("with URL " or empty).
+async fn handshake<T>(tls: impl std::future::Future<Output = io::Result<T>>, with: &str) -> io::Result<T> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, tls)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer TLS handshake timed out"))?
+        .map_err(|e| io::Error::new(e.kind(), format!("peer TLS handshake {with}failed: {e}")))
 }
 
 /// A bound peer listener: TCP for http/https URLs, a Unix socket for unix/unixs URLs.
